@@ -1,0 +1,52 @@
+"""Close unpaid Django orders the moment their payment deadline passes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .models import AbstractTimeoutOrder
+
+__all__ = ["get_order_model", "schedule", "unschedule"]
+
+
+def get_order_model() -> type[AbstractTimeoutOrder]:
+    """The order model named by ``ORDER_TIMEOUT['ORDER_MODEL']`` (after ``get_user_model``)."""
+    from django.apps import apps
+    from django.core.exceptions import ImproperlyConfigured
+
+    from .conf import settings
+    from .models import AbstractTimeoutOrder
+
+    label = settings.ORDER_MODEL
+    try:
+        model = apps.get_model(label, require_ready=False)
+    except ValueError as exc:
+        raise ImproperlyConfigured(
+            "ORDER_TIMEOUT['ORDER_MODEL'] must be of the form 'app_label.model_name'"
+        ) from exc
+    except LookupError as exc:
+        raise ImproperlyConfigured(
+            f"ORDER_TIMEOUT['ORDER_MODEL'] refers to model {label!r} that has not been installed"
+        ) from exc
+    if not issubclass(model, AbstractTimeoutOrder):
+        raise ImproperlyConfigured(
+            f"ORDER_TIMEOUT['ORDER_MODEL'] refers to {label!r}, which does not inherit "
+            "order_timeout.models.AbstractTimeoutOrder"
+        )
+    return model
+
+
+def schedule(orders: Iterable[AbstractTimeoutOrder]) -> None:
+    """Make the queue follow these rows after commit; see ``order_timeout.scheduling.schedule``."""
+    from .scheduling import schedule as _schedule
+
+    _schedule(orders)
+
+
+def unschedule(orders: Iterable[AbstractTimeoutOrder]) -> None:
+    """Take these orders off the queue after commit; see ``order_timeout.scheduling.unschedule``."""
+    from .scheduling import unschedule as _unschedule
+
+    _unschedule(orders)

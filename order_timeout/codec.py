@@ -1,0 +1,48 @@
+"""How an order becomes a Redis member and a deadline becomes a score, and back.
+
+Members hold only the primary key, never order data (seed 000). Scores are
+deadlines in whole milliseconds since the epoch, rounded *up*: a member is due
+(score <= now) only if its row's ``expires_at`` <= now as well, so a member can
+never be claimed while its row still says "not yet" and spin the consumer.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import models
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def deadline_score(deadline: datetime) -> int:
+    """Milliseconds since the epoch, rounded up; ``deadline`` must be aware."""
+    delta = deadline - _EPOCH
+    micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return -(-micros // 1000)
+
+
+def now_score(now: datetime) -> int:
+    """Milliseconds since the epoch, rounded down, so ``score <= now_score`` implies due."""
+    delta = now - _EPOCH
+    micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return micros // 1000
+
+
+def order_member(pk: Any) -> str:
+    return str(pk)
+
+
+def parse_member(model: type[models.Model], member: str) -> Any:
+    """The primary key a member names; ``ValueError`` when it names none."""
+    field = model._meta.pk
+    assert field is not None
+    try:
+        pk = field.to_python(member)
+    except (ValidationError, TypeError, ValueError) as exc:
+        raise ValueError(f"malformed member {member!r}") from exc
+    if pk is None or pk == "" or order_member(pk) != member:
+        raise ValueError(f"malformed member {member!r}")
+    return pk

@@ -1,0 +1,136 @@
+"""The one place the ``ORDER_TIMEOUT`` setting is read.
+
+Values are read lazily (never at import time) and validated as a whole, so a
+typo or a bad value raises ``ImproperlyConfigured`` naming the key instead of
+misbehaving at 3 a.m. ``override_settings(ORDER_TIMEOUT=...)`` is honoured:
+the cache is dropped whenever Django reports the setting changed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+
+SETTING_NAME = "ORDER_TIMEOUT"
+
+DEFAULTS: dict[str, Any] = {
+    # Alias in CACHES of the django-redis cache whose connection holds the queue.
+    "REDIS_ALIAS": "default",
+    # Prefix of every Redis key; it is also the {hash tag}, so all keys of one
+    # queue land in one Redis Cluster slot. Two shops sharing a Redis pick two.
+    "KEY_PREFIX": "order_timeout",
+    # Seconds from creation to the payment deadline of a new order.
+    "DEFAULT_TIMEOUT": 1800,
+    # Most members one claim takes; bounds how long one script call holds Redis.
+    "BATCH_SIZE": 200,
+    # Seconds a claimed member stays leased before another consumer may take it
+    # over (its consumer is presumed dead). Longer than your slowest batch.
+    "LEASE_SECONDS": 30,
+    # Longest idle sleep of the consumer, in seconds: bounds how late it notices
+    # a deadline added by another process while it sleeps.
+    "MAX_WAIT": 1.0,
+    # "app_label.ModelName" of the order model, a subclass of AbstractTimeoutOrder.
+    "ORDER_MODEL": "order_timeout.Order",
+}
+
+MAX_BATCH_SIZE = 10_000
+_KEY_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:-]+$")
+_MODEL_LABEL_RE = re.compile(r"^\w+\.\w+$")
+
+
+def _setting_error(key: str, problem: str) -> ImproperlyConfigured:
+    return ImproperlyConfigured(f"{SETTING_NAME}[{key!r}] {problem}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _positive_number(key: str, value: Any) -> None:
+    if not _is_number(value) or value <= 0:
+        raise _setting_error(key, f"must be a positive number of seconds, got {value!r}.")
+
+
+def _batch_size(key: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_BATCH_SIZE:
+        raise _setting_error(key, f"must be an integer from 1 to {MAX_BATCH_SIZE}, got {value!r}.")
+
+
+def _non_empty_str(key: str, value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        raise _setting_error(key, f"must be a non-empty string, got {value!r}.")
+
+
+def _key_prefix(key: str, value: Any) -> None:
+    if not isinstance(value, str) or not _KEY_PREFIX_RE.match(value):
+        raise _setting_error(
+            key, f"must be letters, digits and _ . : - (it becomes a {{hash tag}}), got {value!r}."
+        )
+
+
+def _model_label(key: str, value: Any) -> None:
+    if not isinstance(value, str) or not _MODEL_LABEL_RE.match(value):
+        raise _setting_error(key, f"must be of the form 'app_label.ModelName', got {value!r}.")
+
+
+VALIDATORS: dict[str, Callable[[str, Any], None]] = {
+    "REDIS_ALIAS": _non_empty_str,
+    "KEY_PREFIX": _key_prefix,
+    "DEFAULT_TIMEOUT": _positive_number,
+    "BATCH_SIZE": _batch_size,
+    "LEASE_SECONDS": _positive_number,
+    "MAX_WAIT": _positive_number,
+    "ORDER_MODEL": _model_label,
+}
+
+
+class OrderTimeoutSettings:
+    """Attribute access to ``ORDER_TIMEOUT`` over ``DEFAULTS``, validated once per change."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, Any] | None = None
+
+    def load(self) -> dict[str, Any]:
+        """Read, merge and validate the setting; raises ImproperlyConfigured."""
+        if self._values is None:
+            self._values = self._read()
+        return self._values
+
+    def reload(self) -> None:
+        self._values = None
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name not in DEFAULTS:
+            raise AttributeError(name)
+        return self.load()[name]
+
+    @staticmethod
+    def _read() -> dict[str, Any]:
+        user = getattr(django_settings, SETTING_NAME, {})
+        if not isinstance(user, dict):
+            raise ImproperlyConfigured(f"{SETTING_NAME} must be a dict, got {type(user).__name__}.")
+        unknown = sorted(set(user) - set(DEFAULTS))
+        if unknown:
+            raise ImproperlyConfigured(
+                f"{SETTING_NAME} has unknown key(s) {', '.join(map(repr, unknown))}; "
+                f"known keys are {', '.join(DEFAULTS)}."
+            )
+        values = {**DEFAULTS, **user}
+        for key, validate in VALIDATORS.items():
+            validate(key, values[key])
+        return values
+
+
+settings = OrderTimeoutSettings()
+
+
+def _drop_cache(*, setting: str, **kwargs: Any) -> None:
+    if setting == SETTING_NAME:
+        settings.reload()
+
+
+setting_changed.connect(_drop_cache, dispatch_uid="order_timeout.conf.drop_cache")

@@ -1,0 +1,71 @@
+--[[
+  Claim due members into the lease set, atomically and in a bounded batch.
+
+  KEYS[1] pending  sorted set: member = order id, score = deadline (ms)
+  KEYS[2] leased   sorted set: member = order id, score = lease expiry (ms)
+  ARGV[1] now      (ms): members with score <= now are due
+  ARGV[2] limit    most members to claim
+  ARGV[3] until    (ms): lease expiry given to every claimed member
+
+  Returns { next, member... }: next is the earliest score left in either set
+  after the claim ("" when both are empty), so an idle consumer learns how long
+  to sleep from the same call; then the claimed members, expired leases first
+  (their consumer died), then due members.
+]]
+local rcall = redis.call
+local pending, leased = KEYS[1], KEYS[2]
+local now, limit, lease_until = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+
+-- unpack() is bounded by Lua's C stack, so large batches go in slices.
+local function zadd_all(key, score, members)
+  local step = 500
+  for i = 1, #members, step do
+    local args = {}
+    for j = i, math.min(i + step - 1, #members) do
+      args[#args + 1] = score
+      args[#args + 1] = members[j]
+    end
+    rcall('ZADD', key, unpack(args))
+  end
+end
+
+local function zrem_all(key, members)
+  local step = 500
+  for i = 1, #members, step do
+    rcall('ZREM', key, unpack(members, i, math.min(i + step - 1, #members)))
+  end
+end
+
+local claimed, seen = {}, {}
+local expired = rcall('ZRANGEBYSCORE', leased, '-inf', now, 'LIMIT', 0, limit)
+for _, member in ipairs(expired) do
+  seen[member] = true
+  claimed[#claimed + 1] = member
+end
+
+if #claimed < limit then
+  local due = rcall('ZRANGEBYSCORE', pending, '-inf', now, 'LIMIT', 0, limit - #claimed)
+  if #due > 0 then
+    zrem_all(pending, due)
+    for _, member in ipairs(due) do
+      if not seen[member] then
+        seen[member] = true
+        claimed[#claimed + 1] = member
+      end
+    end
+  end
+end
+
+zadd_all(leased, lease_until, claimed)
+
+local next_score = ''
+local first_pending = rcall('ZRANGE', pending, 0, 0, 'WITHSCORES')
+local first_leased = rcall('ZRANGE', leased, 0, 0, 'WITHSCORES')
+if #first_pending > 0 then next_score = first_pending[2] end
+if #first_leased > 0 and (next_score == '' or tonumber(first_leased[2]) < tonumber(next_score)) then
+  next_score = first_leased[2]
+end
+
+local reply = { next_score }
+for _, member in ipairs(claimed) do reply[#reply + 1] = member end
+return reply

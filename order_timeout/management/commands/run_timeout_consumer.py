@@ -1,0 +1,82 @@
+"""``manage.py run_timeout_consumer``: parse options, build a Consumer, run it."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from argparse import ArgumentTypeError
+from types import FrameType
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from order_timeout.conf import MAX_BATCH_SIZE
+from order_timeout.consumer import Consumer
+from order_timeout.exceptions import OrderTimeoutError
+
+VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+
+
+def batch_size(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if not 1 <= value <= MAX_BATCH_SIZE:
+        raise ArgumentTypeError(f"must be from 1 to {MAX_BATCH_SIZE}, got {value}")
+    return value
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value
+
+
+class Command(BaseCommand):
+    help = "Close unpaid orders as their deadlines pass (claim -> close -> ack, until stopped)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--once", action="store_true",
+                            help="Process everything due now, then exit.")
+        parser.add_argument("--batch-size", type=batch_size, default=None,
+                            help="Members claimed per batch (default: ORDER_TIMEOUT['BATCH_SIZE']).")
+        parser.add_argument("--max-wait", type=seconds, default=None,
+                            help="Longest idle sleep in seconds (default: ORDER_TIMEOUT['MAX_WAIT']).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        self._configure_logging(options["verbosity"])
+        consumer = Consumer(batch_size=options["batch_size"], max_wait=options["max_wait"])
+        self._install_signal_handlers(consumer)
+        mode = "once" if options["once"] else "until stopped"
+        self.stdout.write(f"Timeout consumer running {mode} (batch {consumer.batch_size}).")
+        try:
+            stats = consumer.run(once=options["once"])
+        except OrderTimeoutError as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(
+            f"Timeout consumer stopped: {stats.closed} closed, {stats.settled} already settled, "
+            f"{stats.rescheduled} rescheduled, {stats.failed} failed, {stats.dropped} dropped."
+        )
+
+    def _configure_logging(self, verbosity: int) -> None:
+        logger = logging.getLogger("order_timeout")
+        if not logger.handlers and not logging.getLogger().handlers:
+            logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s %(message)s")
+        logger.setLevel(VERBOSITY_LEVELS.get(verbosity, logging.DEBUG))
+
+    def _install_signal_handlers(self, consumer: Consumer) -> None:
+        def stop(signum: int, frame: FrameType | None) -> None:
+            if consumer.stopping:
+                # Second signal: leave now. Whatever was claimed stays leased
+                # and another consumer takes it over when the lease runs out.
+                raise SystemExit(128 + signum)
+            self.stderr.write(f"Received {signal.Signals(signum).name}; finishing the batch in hand.")
+            consumer.request_stop()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)

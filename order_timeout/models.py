@@ -1,0 +1,111 @@
+"""The order row: the truth about whether an order is unpaid, paid or closed.
+
+Redis only mirrors it. Every state change here is a conditional UPDATE on the
+status, so a payment and a timeout racing for the same row are serialised by
+the database and exactly one of them wins.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import models, router
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+from .conf import settings
+from .exceptions import OrderClosed
+
+TIMEOUT_REASON = "timeout"
+
+
+class Status(models.TextChoices):
+    UNPAID = "unpaid", _("Unpaid")
+    PAID = "paid", _("Paid")
+    CLOSED = "closed", _("Closed")
+
+
+def default_deadline() -> datetime:
+    """Now plus ``ORDER_TIMEOUT['DEFAULT_TIMEOUT']`` seconds."""
+    return timezone.now() + timedelta(seconds=settings.DEFAULT_TIMEOUT)
+
+
+class AbstractTimeoutOrder(models.Model):
+    """Inherit this in your own Order model and name it in ``ORDER_TIMEOUT['ORDER_MODEL']``."""
+
+    Status = Status
+
+    status = models.CharField(
+        _("status"), max_length=16, choices=Status.choices, default=Status.UNPAID
+    )
+    expires_at = models.DateTimeField(
+        _("payment deadline"), default=default_deadline,
+        help_text=_("An unpaid order is closed once this moment has passed."),
+    )
+    closed_at = models.DateTimeField(_("closed at"), null=True, blank=True)
+    close_reason = models.CharField(_("close reason"), max_length=32, blank=True, default="")
+    created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)
+
+    class Meta:
+        abstract = True
+        # The compensation scan and the admin's "overdue" view walk this index.
+        indexes = [models.Index(fields=["status", "expires_at"])]
+
+    def _conditional_update(self, **values: Any) -> bool:
+        """UPDATE this row only while it is unpaid; True if it was."""
+        using = self._state.db or router.db_for_write(type(self), instance=self)
+        manager = type(self)._default_manager.db_manager(using)
+        updated = manager.filter(pk=self.pk, status=Status.UNPAID).update(**values)
+        if updated:
+            for name, value in values.items():
+                setattr(self, name, value)
+            return True
+        current = manager.filter(pk=self.pk).values_list("status", flat=True).first()
+        if current is None:
+            raise type(self).DoesNotExist(f"{type(self).__name__} {self.pk!r} does not exist.")
+        self.status = current
+        if current == Status.CLOSED:
+            raise OrderClosed(f"{type(self).__name__} {self.pk!r} was already closed.")
+        return False
+
+    def mark_paid(self, **fields: Any) -> bool:
+        """Mark the order paid (with any extra ``fields``) and take it off the queue.
+
+        Returns True when this call paid it and False when it was already paid
+        (payment callbacks get retried). Raises ``OrderClosed`` when the
+        deadline closed it first: the payment must then be refunded.
+        """
+        from .scheduling import unschedule
+
+        paid = self._conditional_update(status=Status.PAID, **fields)
+        if paid:
+            unschedule([self])
+        return paid
+
+    def extend_deadline(self, until: datetime) -> bool:
+        """Move the deadline of an unpaid order to ``until`` and reschedule it.
+
+        Returns False when the order is already paid; raises ``OrderClosed``
+        when it was closed first.
+        """
+        from .scheduling import schedule
+
+        if timezone.is_naive(until):
+            raise ValueError("extend_deadline() needs an aware datetime.")
+        extended = self._conditional_update(expires_at=until)
+        if extended:
+            schedule([self])
+        return extended
+
+
+class Order(AbstractTimeoutOrder):
+    """The ready-made order model, for shops that have none of their own yet."""
+
+    class Meta(AbstractTimeoutOrder.Meta):
+        verbose_name = _("order")
+        verbose_name_plural = _("orders")
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"Order {self.pk} ({self.status})"

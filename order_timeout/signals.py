@@ -1,0 +1,33 @@
+"""The public ``order_expired`` signal, and the receivers that keep Redis in step with rows.
+
+``order_expired(sender=OrderModel, order=order)`` is sent once per order closed
+for its deadline, inside the transaction that closes it: release stock and
+coupons in your receiver and they commit (or roll back) with the close. A
+receiver that raises leaves that order open for another try.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.dispatch import Signal
+
+from .scheduling import schedule, unschedule
+
+order_expired = Signal()
+
+# Only these fields move an order on or off the queue.
+_QUEUE_FIELDS = frozenset({"status", "expires_at"})
+
+
+def order_saved(sender: Any, instance: Any, raw: bool = False,
+                update_fields: frozenset[str] | None = None, **kwargs: Any) -> None:
+    if raw:
+        return
+    if update_fields is not None and not _QUEUE_FIELDS & set(update_fields):
+        return
+    schedule([instance])
+
+
+def order_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
+    unschedule([instance])
