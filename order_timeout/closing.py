@@ -67,6 +67,10 @@ def close_expired(
                     with transaction.atomic(using=using):
                         _close(manager, order, now)
                 except Exception as exc:
+                    if transaction.get_connection(using).needs_rollback:
+                        # The savepoint could not be rolled back: the connection
+                        # is gone. Abort the batch; its members stay leased.
+                        raise
                     logger.warning("Closing %s %r failed; it stays open for another try.",
                                    model.__name__, pk, exc_info=True)
                     outcome.failed[pk] = exc

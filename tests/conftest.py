@@ -1,0 +1,183 @@
+"""Fixtures over the real servers: MariaDB through pytest-django, Redis through django-redis."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+from django.utils import timezone
+from django_redis import get_redis_connection
+
+from order_timeout.consumer import Consumer
+from order_timeout.models import Order
+from order_timeout.queue import TimeoutQueue
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def redis_client() -> Iterator[Any]:
+    """The queue's Redis, emptied before each test."""
+    client = get_redis_connection("default")
+    client.flushdb()
+    yield client
+    client.flushdb()
+
+
+@pytest.fixture
+def queue(redis_client: Any) -> TimeoutQueue:
+    return TimeoutQueue.from_settings()
+
+
+class Clock:
+    """A clock the test moves by hand, so no test sleeps waiting for a deadline."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self.current = start or timezone.now()
+
+    def __call__(self) -> datetime:
+        return self.current
+
+    def advance(self, seconds: float) -> datetime:
+        self.current += timedelta(seconds=seconds)
+        return self.current
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def consumer(clock: Clock) -> Callable[..., Consumer]:
+    def build(**kwargs: Any) -> Consumer:
+        kwargs.setdefault("now", clock)
+        return Consumer(**kwargs)
+
+    return build
+
+
+@pytest.fixture
+def make_order(clock: Clock) -> Callable[..., Order]:
+    """Create an order whose deadline is ``in_seconds`` from the test clock's now."""
+
+    def make(in_seconds: float = -1, **fields: Any) -> Order:
+        return Order.objects.create(expires_at=clock() + timedelta(seconds=in_seconds), **fields)
+
+    return make
+
+
+def database_url() -> str:
+    """DATABASE_URL of the test database, for consumers run as separate processes."""
+    s = connection.settings_dict
+    if connection.vendor != "mysql":
+        raise RuntimeError("Process tests need the MariaDB test database (see README).")
+    user, password = quote(s["USER"] or ""), quote(s["PASSWORD"] or "")
+    return f"mysql://{user}:{password}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 3306}/{s['NAME']}"
+
+
+class ConsumerProcess:
+    """``manage.py run_timeout_consumer`` in its own process, on the test database."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        full_env = {**os.environ, "DATABASE_URL": database_url(), **(env or {})}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(PROJECT_ROOT / "manage.py"), "run_timeout_consumer", *args],
+            cwd=PROJECT_ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def wait(self, timeout: float = 60) -> tuple[int, str, str]:
+        out, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, out, err
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+
+@pytest.fixture
+def consumer_process() -> Iterator[Callable[..., ConsumerProcess]]:
+    started: list[ConsumerProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> ConsumerProcess:
+        process = ConsumerProcess(*args, env=env)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.kill()
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 30, interval: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
+        time.sleep(interval)
+
+
+class PrivateRedis:
+    """A redis-server of the test's own, so a test can stop and restart it."""
+
+    def __init__(self) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is not installed (see README)"
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        wait_for(self._answers, timeout=10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(10)
+
+    def _answers(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                return True
+        except OSError:
+            return False
+
+
+@pytest.fixture
+def private_redis(settings: Any) -> Iterator[PrivateRedis]:
+    """The queue moved onto a private Redis (alias "private") that the test may stop."""
+    server = PrivateRedis()
+    server.start()
+    caches = {**settings.CACHES, "private": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": server.url,
+    }}
+    with override_settings(CACHES=caches,
+                           ORDER_TIMEOUT={**settings.ORDER_TIMEOUT, "REDIS_ALIAS": "private"}):
+        yield server
+    server.stop()

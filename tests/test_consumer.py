@@ -1,0 +1,298 @@
+"""Claim -> close -> ack in one process, stepped by a hand-moved clock."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+
+from order_timeout.codec import deadline_score, now_score
+from order_timeout.models import Order
+from order_timeout.signals import order_expired
+from testproject.shop.models import Expiry
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def receiver():
+    """Connect a test receiver to order_expired for the length of the test."""
+    connected = []
+
+    def connect(func):
+        order_expired.connect(func, weak=False)
+        connected.append(func)
+        return func
+
+    yield connect
+    for func in connected:
+        order_expired.disconnect(func)
+
+
+def expiries(order):
+    return Expiry.objects.filter(order_id=str(order.pk)).count()
+
+
+def test_due_order_is_closed_with_reason_timeout_and_signal_fired_once(consumer, make_order, queue, clock):
+    order = make_order(in_seconds=-1)
+
+    stats = consumer().run(once=True)
+
+    order.refresh_from_db()
+    assert order.status == Order.Status.CLOSED
+    assert order.close_reason == "timeout"
+    assert order.closed_at == clock()
+    assert expiries(order) == 1
+    assert stats.closed == 1
+    assert queue.leased_members() == [] and queue.pending_count() == 0
+
+
+def test_order_not_yet_due_is_left_alone(consumer, make_order, queue):
+    order = make_order(in_seconds=5)
+
+    consumer().run(once=True)
+
+    order.refresh_from_db()
+    assert order.status == Order.Status.UNPAID
+    assert queue.score_of(str(order.pk)) == deadline_score(order.expires_at)
+
+
+def test_expired_order_is_closed_exactly_once_even_when_claimed_again(consumer, make_order, queue, clock):
+    order = make_order(in_seconds=-1)
+    first = consumer()
+    first.run(once=True)
+    # A stale member (say, a ZADD replayed after the close) comes back.
+    queue.schedule({str(order.pk): now_score(clock())})
+
+    consumer().run(once=True)
+
+    assert expiries(order) == 1
+    assert queue.pending_count() == 0 and queue.leased_members() == []
+
+
+def test_paid_order_is_never_closed_when_paid_after_claim(consumer, make_order, queue, clock):
+    """Seed pitfall 2: the member is still in Redis, but the row says paid."""
+    order = make_order(in_seconds=-1)
+    worker = consumer()
+    claim = worker.claim(clock())
+    assert claim.members == [str(order.pk)]
+
+    Order.objects.get(pk=order.pk).mark_paid()
+    worker.process(claim.members, clock())
+
+    order.refresh_from_db()
+    assert order.status == Order.Status.PAID
+    assert expiries(order) == 0
+    assert queue.leased_members() == []
+
+
+def test_paid_order_whose_unschedule_was_lost_is_skipped(consumer, make_order, queue):
+    """Seed pitfall 2, the other way round: ZREM never reached Redis."""
+    order = make_order(in_seconds=-1)
+    Order.objects.filter(pk=order.pk).update(status=Order.Status.PAID)
+
+    stats = consumer().run(once=True)
+
+    order.refresh_from_db()
+    assert order.status == Order.Status.PAID
+    assert stats.settled == 1 and expiries(order) == 0
+    assert queue.leased_members() == []
+
+
+def test_extended_deadline_after_claim_is_not_closed_but_rescheduled(consumer, make_order, queue, clock):
+    """Seed pitfall 5: the customer got more time while the member was in flight."""
+    order = make_order(in_seconds=-1)
+    worker = consumer()
+    claim = worker.claim(clock())
+    later = clock() + timedelta(minutes=10)
+    Order.objects.get(pk=order.pk).extend_deadline(later)
+
+    worker.process(claim.members, clock())
+
+    order.refresh_from_db()
+    assert order.status == Order.Status.UNPAID
+    assert queue.score_of(str(order.pk)) == deadline_score(later)
+    assert queue.leased_members() == []
+
+
+def test_deadline_a_hair_ahead_of_the_member_goes_back_and_does_not_spin(consumer, make_order, queue, clock):
+    """Clock skew: Redis says due, the row says 40 ms to go."""
+    order = make_order(in_seconds=0.04)
+    queue.schedule({str(order.pk): now_score(clock()) - 1000})
+    worker = consumer()
+
+    stats = worker.run(once=True)
+
+    order.refresh_from_db()
+    assert order.status == Order.Status.UNPAID
+    assert stats.batches == 1 and stats.rescheduled == 1
+    assert queue.score_of(str(order.pk)) == deadline_score(order.expires_at)
+    clock.advance(0.05)
+    worker.run(once=True)
+    order.refresh_from_db()
+    assert order.status == Order.Status.CLOSED
+
+
+def test_raising_receiver_leaves_only_its_order_open(consumer, make_order, receiver, queue, clock):
+    orders = [make_order(in_seconds=-1) for _ in range(3)]
+    unlucky = orders[1]
+
+    @receiver
+    def release_stock(sender, order, **kwargs):
+        if order.pk == unlucky.pk:
+            raise RuntimeError("stock service down")
+
+    stats = consumer().run(once=True)
+
+    statuses = {o.pk: s for o, s in ((o, Order.objects.get(pk=o.pk).status) for o in orders)}
+    assert statuses == {orders[0].pk: "closed", unlucky.pk: "unpaid", orders[2].pk: "closed"}
+    assert expiries(unlucky) == 0
+    assert stats.failed == 1
+    # Still leased: it is tried again when the lease runs out.
+    assert queue.leased_members() == [str(unlucky.pk)]
+
+
+def test_failed_order_is_retried_after_its_lease(consumer, make_order, receiver, clock):
+    order = make_order(in_seconds=-1)
+    calls = []
+
+    @receiver
+    def flaky(sender, order, **kwargs):
+        calls.append(order.pk)
+        if len(calls) == 1:
+            raise RuntimeError("first try fails")
+
+    worker = consumer(lease_seconds=5)
+    worker.run(once=True)
+    assert Order.objects.get(pk=order.pk).status == "unpaid"
+
+    clock.advance(5)
+    worker.run(once=True)
+
+    assert Order.objects.get(pk=order.pk).status == "closed"
+    assert expiries(order) == 1
+
+
+def test_malformed_member_is_logged_and_dropped_and_the_consumer_goes_on(consumer, make_order, queue, clock, caplog):
+    order = make_order(in_seconds=-1)
+    queue.schedule({"not-an-id": now_score(clock()) - 10, "": now_score(clock()) - 10})
+
+    with caplog.at_level(logging.ERROR, logger="order_timeout"):
+        stats = consumer().run(once=True)
+
+    assert Order.objects.get(pk=order.pk).status == "closed"
+    assert stats.dropped == 2
+    assert "malformed" in caplog.text
+    assert queue.pending_count() == 0 and queue.leased_members() == []
+
+
+def test_member_without_a_row_is_logged_and_dropped(consumer, queue, clock, caplog):
+    queue.schedule({"987654": now_score(clock()) - 10})
+
+    with caplog.at_level(logging.WARNING, logger="order_timeout"):
+        stats = consumer().run(once=True)
+
+    assert stats.dropped == 1
+    assert "987654" in caplog.text
+    assert queue.leased_members() == []
+
+
+def test_claim_takes_at_most_a_batch(consumer, make_order, queue, clock):
+    for _ in range(7):
+        make_order(in_seconds=-1)
+
+    claim = consumer(batch_size=3).claim(clock())
+
+    assert len(claim.members) == 3
+    assert queue.pending_count() == 4
+    assert len(queue.leased_members()) == 3
+
+
+def test_idle_consumer_sleeps_until_the_next_deadline_not_max_wait(consumer, make_order, clock):
+    make_order(in_seconds=0.25)
+    worker = consumer(max_wait=5)
+
+    claim = worker.claim(clock())
+
+    assert claim.members == []
+    assert worker._idle_wait(claim.next_score) == pytest.approx(0.25, abs=0.002)
+
+
+def test_idle_consumer_sleeps_max_wait_when_nothing_is_pending(consumer, clock):
+    worker = consumer(max_wait=0.7)
+
+    assert worker._idle_wait(worker.claim(clock()).next_score) == 0.7
+
+
+def test_lost_database_connection_is_logged_and_retried(make_order, receiver, caplog):
+    """The first close kills its own database connection; the consumer recovers."""
+    from order_timeout.consumer import Consumer
+
+    order = make_order(in_seconds=-1)
+    kills = []
+
+    @receiver
+    def kill_connection(sender, order, **kwargs):
+        if not kills:
+            kills.append(connection.connection.thread_id())
+            with connection.cursor() as cursor:
+                cursor.execute(f"KILL {kills[0]}")
+
+    worker = Consumer(lease_seconds=0.3, max_wait=0.05)
+    thread = threading.Thread(target=worker.run)
+    with caplog.at_level(logging.WARNING, logger="order_timeout"):
+        thread.start()
+        try:
+            from tests.conftest import wait_for
+
+            wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed", timeout=20)
+        finally:
+            worker.request_stop()
+            thread.join(10)
+
+    assert not thread.is_alive()
+    assert kills and worker.stats.errors >= 1
+    assert "retrying" in caplog.text
+    assert expiries(order) == 1
+
+
+def test_lost_redis_is_logged_and_retried_until_it_returns(private_redis, make_order, caplog):
+    from order_timeout.consumer import Consumer
+    from tests.conftest import wait_for
+
+    order = make_order(in_seconds=0.3)
+    private_redis.stop()
+    worker = Consumer(max_wait=0.05)
+    thread = threading.Thread(target=worker.run)
+    with caplog.at_level(logging.WARNING, logger="order_timeout"):
+        thread.start()
+        try:
+            wait_for(lambda: worker.stats.errors >= 2, timeout=20)
+            private_redis.start()
+            from order_timeout import schedule
+
+            schedule([order])  # an empty Redis came back; the rebuild scan would do this
+            wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed", timeout=20)
+        finally:
+            worker.request_stop()
+            thread.join(10)
+
+    assert not thread.is_alive()
+    assert "Redis failed" in caplog.text
+
+
+def test_a_shops_own_order_model_is_closed_the_same_way(consumer, clock):
+    from order_timeout import schedule
+    from testproject.shop.models import Purchase
+
+    purchase = Purchase.objects.create(customer="ada", expires_at=clock() - timedelta(seconds=1))
+    schedule([purchase])
+
+    consumer(model=Purchase).run(once=True)
+
+    purchase.refresh_from_db()
+    assert purchase.status == Purchase.Status.CLOSED
+    assert Expiry.objects.filter(order_id=str(purchase.pk), model="shop.Purchase").count() == 1

@@ -1,0 +1,142 @@
+"""Consumers as real processes: racing, killed, stopped by signals."""
+
+from __future__ import annotations
+
+import re
+import select
+import signal
+import tempfile
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db.models import Count
+from django.utils import timezone
+
+from order_timeout import schedule
+from order_timeout.consumer import Consumer
+from order_timeout.models import Order
+from testproject.shop.models import Expiry
+
+from .conftest import Clock, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def due_orders(count: int) -> list[Order]:
+    deadline = timezone.now() - timedelta(seconds=1)
+    orders = Order.objects.bulk_create([Order(expires_at=deadline) for _ in range(count)])
+    schedule(orders)
+    return orders
+
+
+def closed_count(stdout: str) -> int:
+    return int(re.search(r"(\d+) closed", stdout).group(1))
+
+
+def test_racing_consumers_close_every_order_exactly_once(consumer_process, queue):
+    """Seed pitfall 3: several consumers, one claim per member."""
+    due_orders(2000)
+
+    racers = [consumer_process("--once", "--batch-size", "50") for _ in range(3)]
+    results = [racer.wait(timeout=240) for racer in racers]
+
+    assert [code for code, _, _ in results] == [0, 0, 0], [err for _, _, err in results]
+    assert Expiry.objects.count() == 2000
+    assert not Expiry.objects.values("order_id").annotate(n=Count("id")).filter(n__gt=1).exists()
+    assert Order.objects.filter(status=Order.Status.CLOSED).count() == 2000
+    per_process = [closed_count(out) for _, out, _ in results]
+    assert sum(per_process) == 2000
+    assert sum(1 for n in per_process if n) >= 2, per_process  # they really raced
+    assert queue.pending_count() == 0 and queue.leased_members() == []
+
+
+def test_orders_of_a_consumer_killed_after_its_claim_are_closed_after_the_lease(consumer_process, queue):
+    orders = due_orders(20)
+    stall = Path(tempfile.mkdtemp()) / "claimed"
+    victim = consumer_process("--batch-size", "20", env={"SHOP_STALL_FILE": str(stall)})
+    wait_for(stall.exists, timeout=60)
+
+    victim.proc.kill()
+    victim.proc.wait(10)
+
+    assert sorted(queue.leased_members()) == sorted(str(o.pk) for o in orders)
+    assert Order.objects.filter(status=Order.Status.UNPAID).count() == 20
+    assert Expiry.objects.count() == 0
+    after_lease = Clock(timezone.now() + timedelta(seconds=31))
+    stats = Consumer(now=after_lease).run(once=True)
+    assert stats.closed == 20
+    assert Order.objects.filter(status=Order.Status.CLOSED).count() == 20
+    assert Expiry.objects.count() == 20
+    assert queue.leased_members() == []
+
+
+def test_sigterm_finishes_the_batch_in_hand_and_exits_cleanly(consumer_process, queue):
+    orders = due_orders(200)
+    worker = consumer_process("--batch-size", "20", env={"SHOP_DELAY_SECONDS": "0.02"})
+    wait_for(lambda: Expiry.objects.exists(), timeout=60)
+
+    worker.signal(signal.SIGTERM)
+    code, out, err = worker.wait(timeout=60)
+
+    assert code == 0, err
+    assert "finishing the batch" in err
+    assert queue.leased_members() == []
+    closed = set(Order.objects.filter(status=Order.Status.CLOSED).values_list("pk", flat=True))
+    assert 0 < len(closed) < 200
+    assert Expiry.objects.count() == len(closed)
+    # Whatever was not closed is still waiting in the queue: nothing lost.
+    assert queue.pending_count() == 200 - len(closed)
+    assert {str(o.pk) for o in orders if o.pk not in closed} == {
+        m.decode() for m in queue.client.zrange(queue.keys.pending, 0, -1)}
+
+
+def test_sigterm_wakes_an_idle_consumer_at_once(consumer_process):
+    worker = consumer_process("--max-wait", "30")
+    wait_for(lambda: worker.proc.poll() is None and worker_started(worker), timeout=60)
+
+    worker.signal(signal.SIGTERM)
+    code, out, err = worker.wait(timeout=10)
+
+    assert code == 0, err
+
+
+def worker_started(worker) -> bool:
+    # The banner is printed once the consumer is built and signals are set up.
+    ready, _, _ = select.select([worker.proc.stdout], [], [], 0)
+    return bool(ready) and "running" in worker.proc.stdout.readline()
+
+
+def test_second_signal_exits_at_once(consumer_process, queue):
+    due_orders(5)
+    worker = consumer_process("--batch-size", "5", env={"SHOP_DELAY_SECONDS": "30"})
+    wait_for(lambda: bool(queue.leased_members()), timeout=60)
+
+    worker.signal(signal.SIGTERM)
+    wait_for(lambda: "finishing" in (worker.proc.stderr.readline() or ""), timeout=10)
+    worker.signal(signal.SIGTERM)
+    code, _, _ = worker.wait(timeout=10)
+
+    assert code == 128 + signal.SIGTERM
+    # Nothing closed, nothing lost: the claim stays leased for another consumer.
+    assert Order.objects.filter(status=Order.Status.UNPAID).count() == 5
+    assert len(queue.leased_members()) == 5
+
+
+def test_once_processes_everything_due_then_exits(capsys):
+    due_orders(30)
+
+    call_command("run_timeout_consumer", "--once", "--batch-size", "7")
+
+    assert Order.objects.filter(status=Order.Status.CLOSED).count() == 30
+    assert "30 closed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args", [
+    ["--batch-size", "0"], ["--batch-size", "lots"], ["--batch-size", "100000"],
+    ["--max-wait", "0"], ["--max-wait", "-1"], ["--max-wait", "soon"],
+])
+def test_bad_options_are_command_errors(args):
+    with pytest.raises(CommandError, match=args[0]):
+        call_command("run_timeout_consumer", "--once", *args)

@@ -1,0 +1,161 @@
+"""The sorted set follows the order rows, after commit and only after commit."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from order_timeout import schedule, unschedule
+from order_timeout.codec import deadline_score
+from order_timeout.exceptions import OrderClosed
+from order_timeout.models import Order
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_created_order_is_scheduled_at_its_deadline_in_ms(queue, make_order):
+    order = make_order(in_seconds=600)
+
+    assert queue.score_of(str(order.pk)) == deadline_score(order.expires_at)
+
+
+def test_order_created_without_arguments_expires_after_default_timeout(queue, settings):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "DEFAULT_TIMEOUT": 900}
+    before = timezone.now()
+
+    order = Order.objects.create()
+
+    assert order.status == Order.Status.UNPAID
+    assert before + timedelta(seconds=900) <= order.expires_at <= timezone.now() + timedelta(seconds=900)
+    assert queue.score_of(str(order.pk)) == deadline_score(order.expires_at)
+
+
+def test_score_is_rounded_up_so_a_member_is_never_due_before_its_row():
+    deadline = timezone.now().replace(microsecond=123_456)
+
+    assert deadline_score(deadline) == int(deadline.timestamp() * 1000) + 1
+
+
+def test_paid_order_leaves_the_queue(queue, make_order):
+    order = make_order(in_seconds=600)
+
+    assert order.mark_paid() is True
+
+    assert queue.score_of(str(order.pk)) is None
+    order.refresh_from_db()
+    assert order.status == Order.Status.PAID
+
+
+def test_paying_twice_is_a_no_op(make_order):
+    order = make_order(in_seconds=600)
+    order.mark_paid()
+
+    assert Order.objects.get(pk=order.pk).mark_paid() is False
+
+
+def test_paying_a_closed_order_raises_so_the_shop_refunds(make_order):
+    order = make_order(in_seconds=600)
+    Order.objects.filter(pk=order.pk).update(status=Order.Status.CLOSED)
+
+    with pytest.raises(OrderClosed):
+        order.mark_paid()
+    order.refresh_from_db()
+    assert order.status == Order.Status.CLOSED
+
+
+def test_saving_a_paid_status_also_leaves_the_queue(queue, make_order):
+    order = make_order(in_seconds=600)
+
+    order.status = Order.Status.PAID
+    order.save()
+
+    assert queue.score_of(str(order.pk)) is None
+
+
+def test_rolled_back_order_never_reaches_redis(queue, redis_client):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        Order.objects.create()
+        raise RuntimeError("checkout failed")
+
+    assert redis_client.dbsize() == 0
+
+
+def test_order_is_scheduled_only_when_the_transaction_commits(queue):
+    with transaction.atomic():
+        order = Order.objects.create()
+        assert queue.score_of(str(order.pk)) is None
+
+    assert queue.score_of(str(order.pk)) is not None
+
+
+def test_extended_deadline_moves_the_score(queue, make_order):
+    order = make_order(in_seconds=60)
+    later = order.expires_at + timedelta(minutes=10)
+
+    assert order.extend_deadline(later) is True
+
+    assert queue.score_of(str(order.pk)) == deadline_score(later)
+
+
+def test_saving_fields_unrelated_to_the_deadline_does_not_touch_redis(queue, make_order, redis_client):
+    order = make_order(in_seconds=60)
+    redis_client.delete(queue.keys.pending)
+
+    order.close_reason = "note"
+    order.save(update_fields=["close_reason"])
+
+    assert queue.score_of(str(order.pk)) is None
+
+
+def test_bulk_created_orders_are_scheduled_by_schedule(queue):
+    deadline = timezone.now() + timedelta(minutes=5)
+    orders = Order.objects.bulk_create([Order(expires_at=deadline) for _ in range(50)])
+    assert queue.pending_count() == 0
+
+    schedule(orders)
+
+    assert queue.pending_count() == 50
+    assert {queue.score_of(str(o.pk)) for o in orders} == {deadline_score(deadline)}
+
+
+def test_queryset_update_to_paid_is_followed_by_unschedule(queue, make_order):
+    orders = [make_order(in_seconds=60) for _ in range(3)]
+    Order.objects.filter(pk__in=[o.pk for o in orders]).update(status=Order.Status.PAID)
+
+    unschedule(orders)
+
+    assert queue.pending_count() == 0
+
+
+def test_schedule_takes_orders_that_are_no_longer_unpaid_off_the_queue(queue, make_order):
+    order = make_order(in_seconds=60)
+    Order.objects.filter(pk=order.pk).update(status=Order.Status.PAID)
+
+    schedule(Order.objects.filter(pk=order.pk))
+
+    assert queue.score_of(str(order.pk)) is None
+
+
+def test_deleted_order_leaves_the_queue(queue, make_order):
+    order = make_order(in_seconds=60)
+    member = str(order.pk)
+
+    order.delete()
+
+    assert queue.score_of(member) is None
+
+
+def test_order_is_saved_and_a_warning_logged_when_redis_is_down(private_redis, caplog):
+    """Seed pitfall 6: the row commits even though ZADD cannot."""
+    private_redis.stop()
+
+    with caplog.at_level(logging.WARNING, logger="order_timeout"):
+        order = Order.objects.create()
+
+    assert Order.objects.filter(pk=order.pk, status=Order.Status.UNPAID).exists()
+    assert any("compensation scan" in r.getMessage() and r.levelno == logging.WARNING
+               for r in caplog.records)

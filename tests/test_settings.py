@@ -1,0 +1,109 @@
+"""ORDER_TIMEOUT is validated as a whole; mistakes name the key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from order_timeout import get_order_model
+from order_timeout.checks import check_redis_alias, check_use_tz
+from order_timeout.conf import DEFAULTS, settings as order_settings
+from order_timeout.models import Order
+from testproject.shop.models import Purchase
+
+from .conftest import PROJECT_ROOT
+
+
+def test_defaults_apply_when_the_setting_is_absent(settings):
+    del settings.ORDER_TIMEOUT
+
+    assert order_settings.load() == DEFAULTS
+    assert order_settings.BATCH_SIZE == 200
+    assert order_settings.LEASE_SECONDS == 30
+    assert order_settings.MAX_WAIT == 1.0
+    assert order_settings.DEFAULT_TIMEOUT == 1800
+
+
+@pytest.mark.parametrize("key, value", [
+    ("BATCH_SIZE", 0), ("BATCH_SIZE", "200"), ("BATCH_SIZE", 10**6), ("BATCH_SIZE", True),
+    ("LEASE_SECONDS", -1), ("LEASE_SECONDS", None), ("MAX_WAIT", 0), ("DEFAULT_TIMEOUT", "30m"),
+    ("KEY_PREFIX", ""), ("KEY_PREFIX", "a{b}"), ("REDIS_ALIAS", ""), ("ORDER_MODEL", "Order"),
+])
+def test_bad_value_raises_improperly_configured_naming_the_key(settings, key, value):
+    settings.ORDER_TIMEOUT = {key: value}
+
+    with pytest.raises(ImproperlyConfigured, match=key):
+        order_settings.load()
+
+
+def test_unknown_key_is_rejected_with_the_known_ones_listed(settings):
+    settings.ORDER_TIMEOUT = {"BATCHSIZE": 10}
+
+    with pytest.raises(ImproperlyConfigured, match="BATCHSIZE.*known keys are"):
+        order_settings.load()
+
+
+def test_setting_that_is_not_a_dict_is_rejected(settings):
+    settings.ORDER_TIMEOUT = [("BATCH_SIZE", 10)]
+
+    with pytest.raises(ImproperlyConfigured, match="ORDER_TIMEOUT must be a dict"):
+        order_settings.load()
+
+
+def test_bad_setting_stops_manage_py_at_start_up():
+    code = (
+        "import django, os; os.environ['DJANGO_SETTINGS_MODULE'] = 'testproject.settings';"
+        "from django.conf import settings; settings.ORDER_TIMEOUT = {'LEASE_SECONDS': 0};"
+        "django.setup()"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT,
+                            capture_output=True, text=True, timeout=60)
+
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and "LEASE_SECONDS" in result.stderr
+
+
+def test_get_order_model_returns_the_default_order():
+    assert get_order_model() is Order
+
+
+def test_get_order_model_returns_a_shops_own_model(settings):
+    settings.ORDER_TIMEOUT = {"ORDER_MODEL": "shop.Purchase"}
+
+    assert get_order_model() is Purchase
+
+
+@pytest.mark.parametrize("label, message", [
+    ("shop.Missing", "has not been installed"),
+    ("shop.Expiry", "does not inherit"),
+])
+def test_get_order_model_explains_a_bad_model(settings, label, message):
+    settings.ORDER_TIMEOUT = {"ORDER_MODEL": label}
+
+    with pytest.raises(ImproperlyConfigured, match=message):
+        get_order_model()
+
+
+def test_check_reports_a_redis_alias_missing_from_caches(settings):
+    settings.ORDER_TIMEOUT = {"REDIS_ALIAS": "queue"}
+
+    assert [e.id for e in check_redis_alias()] == ["order_timeout.E001"]
+
+
+def test_check_reports_a_cache_that_is_not_django_redis(settings):
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+    assert [e.id for e in check_redis_alias()] == ["order_timeout.E002"]
+
+
+def test_check_requires_use_tz(settings):
+    settings.USE_TZ = False
+
+    assert [e.id for e in check_use_tz()] == ["order_timeout.E003"]
+
+
+def test_checks_pass_on_the_test_project():
+    assert check_redis_alias() == [] and check_use_tz() == []
