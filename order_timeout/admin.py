@@ -1,9 +1,17 @@
 from __future__ import annotations
 
-from django.contrib import admin
+from collections import Counter
+from typing import Any
 
-from . import get_order_model
-from .models import Order
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _, ngettext
+
+from . import deadletters, get_order_model
+from .exceptions import QueueUnavailable
+from .models import DeadLetter, Order
 
 
 class TimeoutOrderAdmin(admin.ModelAdmin):
@@ -19,3 +27,74 @@ class TimeoutOrderAdmin(admin.ModelAdmin):
 # Shops with their own order model register it themselves (see docs/existing-model.md).
 if get_order_model() is Order:
     admin.site.register(Order, TimeoutOrderAdmin)
+
+
+class ResolvedFilter(admin.SimpleListFilter):
+    title = _("resolved")
+    parameter_name = "resolved"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("no", _("Open")), ("yes", _("Resolved"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> QuerySet[DeadLetter]:
+        if self.value() in ("yes", "no"):
+            return queryset.filter(resolved_at__isnull=self.value() == "no")
+        return queryset
+
+
+def _report(modeladmin: admin.ModelAdmin, request: HttpRequest, counts: Counter[str]) -> None:
+    sentences = {
+        "requeued": lambda n: ngettext("%d order requeued.", "%d orders requeued.", n),
+        "closed": lambda n: ngettext("%d order closed.", "%d orders closed.", n),
+        "settled": lambda n: ngettext(
+            "%d order was already paid or closed; left as it is.",
+            "%d orders were already paid or closed; left as they are.", n),
+        "failed": lambda n: ngettext(
+            "%d order failed to close again; see its last error.",
+            "%d orders failed to close again; see their last errors.", n),
+        "missing": lambda n: ngettext(
+            "%d order no longer exists.", "%d orders no longer exist.", n),
+    }
+    for key, sentence in sentences.items():
+        if counts.get(key):
+            level = messages.WARNING if key in ("failed", "missing") else messages.SUCCESS
+            modeladmin.message_user(request, sentence(counts[key]) % counts[key], level)
+    if not any(counts.values()):
+        modeladmin.message_user(request, _("Nothing to do: the selected dead letters are resolved."),
+                                messages.INFO)
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(admin.ModelAdmin):
+    list_display = ("order_id", "order_model", "attempts", "error_type", "last_failed_at",
+                    "first_failed_at", "resolution", "resolved_by", "resolved_at")
+    list_filter = (ResolvedFilter, "resolution", "error_type", "order_model", "last_failed_at")
+    search_fields = ("=order_id", "error_type", "last_error")
+    date_hierarchy = "last_failed_at"
+    actions = ["requeue", "close_now"]
+    readonly_fields = [field.name for field in DeadLetter._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_requeue_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("order_timeout.requeue_deadletter")
+
+    def has_close_now_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("order_timeout.close_deadletter_order")
+
+    @admin.action(description=_("Requeue the orders (closed at once if still overdue)"),
+                  permissions=["requeue"])
+    def requeue(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> None:
+        try:
+            counts = deadletters.requeue(queryset, request.user, timezone.now())
+        except QueueUnavailable as exc:
+            self.message_user(request, _("Redis is unavailable; nothing was requeued: %s") % exc,
+                              messages.ERROR)
+            return
+        _report(self, request, counts)
+
+    @admin.action(description=_("Close the orders now (if still unpaid)"),
+                  permissions=["close_now"])
+    def close_now(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> None:
+        _report(self, request, deadletters.close_now(queryset, request.user, timezone.now()))

@@ -7,7 +7,6 @@ to each key, so the caller can ack, reschedule or retry.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -17,8 +16,6 @@ from django.db import router, transaction
 
 from .models import TIMEOUT_REASON, AbstractTimeoutOrder, Status
 from .signals import order_expired
-
-logger = logging.getLogger("order_timeout")
 
 
 @dataclass
@@ -71,8 +68,6 @@ def close_expired(
                         # The savepoint could not be rolled back: the connection
                         # is gone. Abort the batch; its members stay leased.
                         raise
-                    logger.warning("Closing %s %r failed; it stays open for another try.",
-                                   model.__name__, pk, exc_info=True)
                     outcome.failed[pk] = exc
                 else:
                     outcome.closed.append(pk)

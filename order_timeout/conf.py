@@ -35,6 +35,19 @@ DEFAULTS: dict[str, Any] = {
     "MAX_WAIT": 1.0,
     # "app_label.ModelName" of the order model, a subclass of AbstractTimeoutOrder.
     "ORDER_MODEL": "order_timeout.Order",
+    # Seconds to wait before each retry of an order whose close failed; after
+    # the last one, the order becomes a dead letter (seed 002: 10 s, 30 s, 60 s).
+    "RETRY_DELAYS": [10, 30, 60],
+    # The compensation scan closes unpaid orders overdue by more than this many
+    # seconds: long enough that it only catches what the consumer missed.
+    "COMPENSATION_GRACE": 60,
+    # Seconds between two compensation scans in the Celery beat entry.
+    "COMPENSATION_INTERVAL": 300,
+    # Orders the scan reads, locks and closes per transaction.
+    "COMPENSATION_CHUNK": 500,
+    # Seconds the scan's Redis lock lives without being renewed (it is renewed
+    # after every chunk), so a crashed scan never blocks the next for long.
+    "COMPENSATION_LOCK_SECONDS": 60,
 }
 
 MAX_BATCH_SIZE = 10_000
@@ -58,6 +71,23 @@ def _positive_number(key: str, value: Any) -> None:
 def _batch_size(key: str, value: Any) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_BATCH_SIZE:
         raise _setting_error(key, f"must be an integer from 1 to {MAX_BATCH_SIZE}, got {value!r}.")
+
+
+def _non_negative_number(key: str, value: Any) -> None:
+    if not _is_number(value) or value < 0:
+        raise _setting_error(key, f"must be a number of seconds >= 0, got {value!r}.")
+
+
+def _positive_int(key: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise _setting_error(key, f"must be a positive integer, got {value!r}.")
+
+
+def _delays(key: str, value: Any) -> None:
+    if not isinstance(value, (list, tuple)) or not all(
+        _is_number(delay) and delay > 0 for delay in value
+    ):
+        raise _setting_error(key, f"must be a list of positive numbers of seconds, got {value!r}.")
 
 
 def _non_empty_str(key: str, value: Any) -> None:
@@ -85,6 +115,11 @@ VALIDATORS: dict[str, Callable[[str, Any], None]] = {
     "LEASE_SECONDS": _positive_number,
     "MAX_WAIT": _positive_number,
     "ORDER_MODEL": _model_label,
+    "RETRY_DELAYS": _delays,
+    "COMPENSATION_GRACE": _non_negative_number,
+    "COMPENSATION_INTERVAL": _positive_number,
+    "COMPENSATION_CHUNK": _positive_int,
+    "COMPENSATION_LOCK_SECONDS": _positive_number,
 }
 
 

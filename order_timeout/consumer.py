@@ -10,20 +10,22 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError, close_old_connections
 from django.utils import timezone
 
-from . import get_order_model
-from .closing import CloseOutcome, close_expired
+from . import deadletters, get_order_model
+from .closing import close_expired
 from .codec import deadline_score, now_score, parse_member
 from .conf import settings
 from .exceptions import QueueUnavailable
 from .models import AbstractTimeoutOrder
+from .deadletters import Failure
 from .queue import Claim, TimeoutQueue
 
 logger = logging.getLogger("order_timeout")
@@ -34,23 +36,27 @@ ERROR_BACKOFF_MAX = 30.0
 
 
 @dataclass
-class ConsumerStats:
-    batches: int = 0
+class BatchReport:
+    """What one batch did; logged as one line, added up in ConsumerStats."""
+
     claimed: int = 0
     closed: int = 0
-    settled: int = 0
+    skipped_paid: int = 0  # paid, or closed before
     rescheduled: int = 0
     failed: int = 0
+    dead_lettered: int = 0
     dropped: int = 0
+
+
+@dataclass
+class ConsumerStats(BatchReport):
+    batches: int = 0
     errors: int = 0
 
-    def add(self, outcome: CloseOutcome, dropped: int) -> None:
+    def add(self, report: BatchReport) -> None:
         self.batches += 1
-        self.closed += len(outcome.closed)
-        self.settled += len(outcome.settled)
-        self.rescheduled += len(outcome.not_due)
-        self.failed += len(outcome.failed)
-        self.dropped += dropped + len(outcome.missing)
+        for name in BatchReport.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(report, name))
 
 
 class Consumer:
@@ -76,6 +82,7 @@ class Consumer:
         self.batch_size = batch_size if batch_size is not None else settings.BATCH_SIZE
         self.max_wait = max_wait if max_wait is not None else settings.MAX_WAIT
         self.lease_ms = round(1000 * (lease_seconds if lease_seconds is not None else settings.LEASE_SECONDS))
+        self.retry_delays_ms = [round(1000 * delay) for delay in settings.RETRY_DELAYS]
         self.now = now or timezone.now
         self.stats = ConsumerStats()
         self._stop = threading.Event()
@@ -95,8 +102,8 @@ class Consumer:
     def claim(self, now: datetime) -> Claim:
         return self.queue.claim(now_score(now), self.batch_size, self.lease_ms)
 
-    def process(self, members: list[str], now: datetime) -> CloseOutcome:
-        """Close what is due among claimed ``members``; ack, reschedule or keep each."""
+    def process(self, members: list[str], now: datetime) -> BatchReport:
+        """Close what is due among claimed ``members``; ack, reschedule or retry each."""
         by_pk: dict[Any, str] = {}
         malformed: list[str] = []
         for member in members:
@@ -115,25 +122,64 @@ class Consumer:
                            [by_pk[pk] for pk in outcome.missing][:20])
         done = [*outcome.closed, *outcome.settled, *outcome.missing]
         self.queue.ack([*malformed, *(by_pk[pk] for pk in done)])
-        # Failed members stay leased: another try comes when the lease runs out.
         self.queue.reschedule(
             {by_pk[pk]: deadline_score(deadline) for pk, deadline in outcome.not_due.items()}
         )
-        self.stats.add(outcome, dropped=len(malformed))
-        return outcome
+        dead = self._retry_or_bury(outcome.failed, by_pk, now)
+        return BatchReport(
+            claimed=len(members), closed=len(outcome.closed), skipped_paid=len(outcome.settled),
+            rescheduled=len(outcome.not_due), failed=len(outcome.failed), dead_lettered=dead,
+            dropped=len(malformed) + len(outcome.missing),
+        )
+
+    def _retry_or_bury(self, failed: dict[Any, BaseException], by_pk: dict[Any, str],
+                       now: datetime) -> int:
+        """Back off each failed order; past the last delay, write its dead letter and let go."""
+        if not failed:
+            return 0
+        pk_of = {member: pk for pk, member in by_pk.items()}
+        retries = self.queue.retry([by_pk[pk] for pk in failed], now_score(now), self.retry_delays_ms)
+        dead: list[Failure] = []
+        for retry in retries:
+            pk = pk_of[retry.member]
+            error = failed[pk]
+            if retry.retry_at_ms is None:
+                dead.append(Failure(pk, retry.attempts, retry.first_failure_ms, error))
+            logger.warning(
+                "close failed order=%s attempt=%d error=%s: %s next=%s",
+                retry.member, retry.attempts, type(error).__name__, error,
+                "dead-letter" if retry.retry_at_ms is None
+                else f"retry in {(retry.retry_at_ms - now_score(now)) / 1000:g}s",
+                exc_info=error,
+                extra={"order_id": retry.member, "attempt": retry.attempts},
+            )
+        if dead:
+            # Written before the members leave Redis: if this fails, they stay
+            # leased and come back after the lease, to be buried again.
+            deadletters.record(self.model, dead, now)
+            self.queue.ack([by_pk[failure.pk] for failure in dead])
+        return len(dead)
 
     def run_once(self) -> Claim:
         """Claim and process one batch; returns the claim (empty when nothing was due)."""
         close_old_connections()
         try:
+            started = time.perf_counter()
             now = self.now()
             claim = self.claim(now)
             if claim.members:
-                self.stats.claimed += len(claim.members)
-                self.process(claim.members, now)
+                report = self.process(claim.members, now)
+                self.stats.add(report)
+                self._log_batch(report, started)
             return claim
         finally:
             close_old_connections()
+
+    @staticmethod
+    def _log_batch(report: BatchReport, started: float) -> None:
+        fields = {**asdict(report), "elapsed_ms": round((time.perf_counter() - started) * 1000, 1)}
+        logger.info("batch " + " ".join(f"{name}=%s" for name in fields), *fields.values(),
+                    extra={"batch": fields})
 
     # -- the loop -------------------------------------------------------
 

@@ -22,3 +22,18 @@ class QueueKeys:
     def leased(self) -> str:
         """Sorted set: member = claimed order id, score = lease expiry (ms)."""
         return f"{{{self.prefix}}}:leased"
+
+    @property
+    def attempts(self) -> str:
+        """Hash: member = order id, value = failed close attempts so far."""
+        return f"{{{self.prefix}}}:attempts"
+
+    @property
+    def first_failure(self) -> str:
+        """Hash: member = order id, value = time of its first failed close (ms)."""
+        return f"{{{self.prefix}}}:first-failure"
+
+    @property
+    def compensation_lock(self) -> str:
+        """String: the token of the compensation scan running now, if any."""
+        return f"{{{self.prefix}}}:compensation-lock"

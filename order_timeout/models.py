@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings as django_settings
 from django.db import models, router
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
@@ -109,3 +110,50 @@ class Order(AbstractTimeoutOrder):
 
     def __str__(self) -> str:
         return f"Order {self.pk} ({self.status})"
+
+
+class DeadLetter(models.Model):
+    """An order whose close failed on every retry: it left Redis and waits for staff.
+
+    Requeue puts the order back on the queue; "Close now" runs the consumer's
+    close path once more. Either way the row's status is checked under its
+    lock first, so an order paid meanwhile is never closed.
+    """
+
+    class Resolution(models.TextChoices):
+        REQUEUED = "requeued", _("Requeued")
+        CLOSED = "closed", _("Closed now")
+        SETTLED = "settled", _("Already paid or closed")
+
+    order_model = models.CharField(_("order model"), max_length=100)
+    order_id = models.CharField(_("order id"), max_length=64)
+    attempts = models.PositiveIntegerField(_("attempts"))
+    error_type = models.CharField(_("error type"), max_length=255)
+    last_error = models.TextField(_("last error"), blank=True)
+    first_failed_at = models.DateTimeField(_("first failure"))
+    last_failed_at = models.DateTimeField(_("last failure"))
+    resolved_at = models.DateTimeField(_("resolved at"), null=True, blank=True)
+    resolved_by = models.ForeignKey(
+        django_settings.AUTH_USER_MODEL, verbose_name=_("resolved by"), null=True, blank=True,
+        on_delete=models.SET_NULL, related_name="+",
+    )
+    resolution = models.CharField(
+        _("resolution"), max_length=16, choices=Resolution.choices, blank=True, default=""
+    )
+
+    class Meta:
+        verbose_name = _("dead letter")
+        verbose_name_plural = _("dead letters")
+        ordering = ["-last_failed_at"]
+        indexes = [models.Index(fields=["order_model", "order_id"])]
+        permissions = [
+            ("requeue_deadletter", _("Can requeue a dead letter")),
+            ("close_deadletter_order", _("Can close a dead letter's order now")),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.order_model} {self.order_id} ({self.attempts} attempts)"
+
+    @property
+    def is_resolved(self) -> bool:
+        return self.resolved_at is not None

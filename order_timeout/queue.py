@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 from .exceptions import QueueUnavailable
 from .keys import QueueKeys
 
-SCRIPT_NAMES = ("claim", "reschedule")
+SCRIPT_NAMES = ("claim", "reschedule", "retry", "renew_lock", "release_lock")
 
 
 def load_script_source(name: str) -> str:
@@ -37,6 +37,26 @@ def _redis_errors(action: str) -> Iterator[None]:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+@dataclass(frozen=True)
+class Retry:
+    """A failed member after ``retry()``: its attempts so far and when it is tried again."""
+
+    member: str
+    attempts: int
+    first_failure_ms: int
+    # None: no delay left, the caller must dead-letter and then ack it.
+    retry_at_ms: int | None
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    pending: int
+    due: int
+    leased: int
+    # Score of the earliest due member still waiting to be claimed, or None.
+    oldest_due_ms: int | None
 
 
 @dataclass(frozen=True)
@@ -67,23 +87,32 @@ class TimeoutQueue:
         """Scripts by name, registered once per client (EVALSHA, loaded on first use)."""
         return {name: self.client.register_script(load_script_source(name)) for name in SCRIPT_NAMES}
 
-    def schedule(self, deadlines: Mapping[str, int]) -> None:
-        """Add members, or move them to a new deadline (score, in ms)."""
+    def schedule(self, deadlines: Mapping[str, int], *, only_missing: bool = False) -> int:
+        """Add members, or move them to a new deadline (score, in ms); returns how many were new.
+
+        ``only_missing`` adds members absent from the pending set and leaves
+        the others (a pending retry keeps its backoff).
+        """
         if not deadlines:
-            return
+            return 0
         with _redis_errors("schedule"):
-            self.client.zadd(self.keys.pending, dict(deadlines))
+            return int(self.client.zadd(self.keys.pending, dict(deadlines), nx=only_missing))
 
     def unschedule(self, members: Iterable[str]) -> None:
-        """Forget members wherever they are: pending or leased."""
+        """Forget members wherever they are: pending, leased, retry state."""
         members = list(members)
         if not members:
             return
         with _redis_errors("unschedule"):
             pipe = self.client.pipeline(transaction=True)
             pipe.zrem(self.keys.pending, *members)
-            pipe.zrem(self.keys.leased, *members)
+            self._forget_lease(pipe, members)
             pipe.execute()
+
+    def _forget_lease(self, pipe: Any, members: list[str]) -> None:
+        pipe.zrem(self.keys.leased, *members)
+        pipe.hdel(self.keys.attempts, *members)
+        pipe.hdel(self.keys.first_failure, *members)
 
     def claim(self, now_ms: int, limit: int, lease_ms: int) -> Claim:
         """Lease up to ``limit`` due members (and expired leases) until now + lease."""
@@ -99,12 +128,34 @@ class TimeoutQueue:
         )
 
     def ack(self, members: Iterable[str]) -> None:
-        """Done with these members: drop their leases."""
+        """Done with these members: drop their leases and retry state."""
         members = list(members)
         if not members:
             return
         with _redis_errors("ack"):
-            self.client.zrem(self.keys.leased, *members)
+            pipe = self.client.pipeline(transaction=True)
+            self._forget_lease(pipe, members)
+            pipe.execute()
+
+    def retry(self, members: Iterable[str], now_ms: int, delays_ms: list[int]) -> list[Retry]:
+        """Count a failed attempt for each leased member and schedule its next try."""
+        members = list(members)
+        if not members:
+            return []
+        keys = [self.keys.pending, self.keys.leased, self.keys.attempts, self.keys.first_failure]
+        with _redis_errors("schedule retries"):
+            reply = self.scripts["retry"](
+                keys=keys, args=[now_ms, len(delays_ms), *delays_ms, *members]
+            )
+        return [
+            Retry(
+                member=_text(reply[i]),
+                attempts=int(reply[i + 1]),
+                first_failure_ms=int(_text(reply[i + 2])),
+                retry_at_ms=int(_text(reply[i + 3])) if _text(reply[i + 3]) else None,
+            )
+            for i in range(0, len(reply), 4)
+        ]
 
     def reschedule(self, deadlines: Mapping[str, int]) -> int:
         """Move leased members back to pending at new deadlines; returns how many moved."""
@@ -115,6 +166,32 @@ class TimeoutQueue:
             args += [score, member]
         with _redis_errors("reschedule"):
             return int(self.scripts["reschedule"](keys=[self.keys.pending, self.keys.leased], args=args))
+
+    def stats(self, now_ms: int) -> QueueStats:
+        """Sizes of the queue, in one round trip."""
+        with _redis_errors("read queue statistics"):
+            pipe = self.client.pipeline(transaction=True)
+            pipe.zcard(self.keys.pending)
+            pipe.zcount(self.keys.pending, "-inf", now_ms)
+            pipe.zcard(self.keys.leased)
+            pipe.zrange(self.keys.pending, 0, 0, withscores=True)
+            pending, due, leased, first = pipe.execute()
+        oldest = int(first[0][1]) if first and first[0][1] <= now_ms else None
+        return QueueStats(pending=pending, due=due, leased=leased, oldest_due_ms=oldest)
+
+    # -- a lock for jobs that must not overlap (the compensation scan) ----
+
+    def acquire_lock(self, token: str, ttl_ms: int) -> bool:
+        with _redis_errors("take the compensation lock"):
+            return bool(self.client.set(self.keys.compensation_lock, token, nx=True, px=ttl_ms))
+
+    def renew_lock(self, token: str, ttl_ms: int) -> bool:
+        with _redis_errors("renew the compensation lock"):
+            return bool(self.scripts["renew_lock"](keys=[self.keys.compensation_lock], args=[token, ttl_ms]))
+
+    def release_lock(self, token: str) -> bool:
+        with _redis_errors("release the compensation lock"):
+            return bool(self.scripts["release_lock"](keys=[self.keys.compensation_lock], args=[token]))
 
     def score_of(self, member: str) -> int | None:
         """The pending deadline of a member, or None."""

@@ -98,7 +98,7 @@ def test_paid_order_whose_unschedule_was_lost_is_skipped(consumer, make_order, q
 
     order.refresh_from_db()
     assert order.status == Order.Status.PAID
-    assert stats.settled == 1 and expiries(order) == 0
+    assert stats.skipped_paid == 1 and expiries(order) == 0
     assert queue.leased_members() == []
 
 
@@ -151,11 +151,12 @@ def test_raising_receiver_leaves_only_its_order_open(consumer, make_order, recei
     assert statuses == {orders[0].pk: "closed", unlucky.pk: "unpaid", orders[2].pk: "closed"}
     assert expiries(unlucky) == 0
     assert stats.failed == 1
-    # Still leased: it is tried again when the lease runs out.
-    assert queue.leased_members() == [str(unlucky.pk)]
+    # Back in the queue for its first retry, RETRY_DELAYS[0] = 10 s from now.
+    assert queue.leased_members() == []
+    assert queue.score_of(str(unlucky.pk)) == now_score(clock()) + 10_000
 
 
-def test_failed_order_is_retried_after_its_lease(consumer, make_order, receiver, clock):
+def test_failed_order_is_retried_after_the_first_retry_delay(consumer, make_order, receiver, clock):
     order = make_order(in_seconds=-1)
     calls = []
 
@@ -165,11 +166,14 @@ def test_failed_order_is_retried_after_its_lease(consumer, make_order, receiver,
         if len(calls) == 1:
             raise RuntimeError("first try fails")
 
-    worker = consumer(lease_seconds=5)
+    worker = consumer()
+    worker.run(once=True)
+    assert Order.objects.get(pk=order.pk).status == "unpaid"
+    clock.advance(9.9)
     worker.run(once=True)
     assert Order.objects.get(pk=order.pk).status == "unpaid"
 
-    clock.advance(5)
+    clock.advance(0.1)
     worker.run(once=True)
 
     assert Order.objects.get(pk=order.pk).status == "closed"

@@ -59,8 +59,8 @@ class Command(BaseCommand):
         except OrderTimeoutError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(
-            f"Timeout consumer stopped: {stats.closed} closed, {stats.settled} already settled, "
-            f"{stats.rescheduled} rescheduled, {stats.failed} failed, {stats.dropped} dropped."
+            f"Timeout consumer stopped: {stats.closed} closed, {stats.skipped_paid} skipped (paid or closed before), "
+            f"{stats.rescheduled} rescheduled, {stats.failed} failed, {stats.dead_lettered} dead-lettered, {stats.dropped} dropped."
         )
 
     def _configure_logging(self, verbosity: int) -> None:

@@ -1,0 +1,133 @@
+"""Dead letters: record the orders whose close kept failing, and resolve them.
+
+``requeue`` and ``close_now`` are what the admin's actions call; ``close_now``
+goes through ``closing.close_expired``, the consumer's own close path, so the
+row lock, the status check and ``order_expired`` all still apply.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone as dt_timezone
+from typing import Any
+
+from django.apps import apps
+from django.db import router, transaction
+
+from .closing import close_expired
+from .codec import deadline_score, order_member
+from .models import AbstractTimeoutOrder, DeadLetter, Status
+from .queue import TimeoutQueue
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One order whose last retry failed."""
+
+    pk: Any
+    attempts: int
+    first_failure_ms: int
+    error: BaseException
+
+
+def _db() -> str:
+    return router.db_for_write(DeadLetter)
+
+
+def _from_ms(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=dt_timezone.utc)
+
+
+def _describe(error: BaseException) -> tuple[str, str]:
+    kind = type(error)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    return name[:255], "".join(traceback.format_exception(error)).strip()
+
+
+def record(model: type[AbstractTimeoutOrder], failures: Sequence[Failure], now: datetime) -> None:
+    """Write (or update) one open dead letter per failed order."""
+    label = model._meta.label
+    with transaction.atomic(using=_db()):
+        for failure in failures:
+            error_type, last_error = _describe(failure.error)
+            values = {"attempts": failure.attempts, "error_type": error_type,
+                      "last_error": last_error, "last_failed_at": now}
+            updated = DeadLetter.objects.filter(
+                order_model=label, order_id=str(failure.pk), resolved_at__isnull=True
+            ).update(**values)
+            if not updated:
+                DeadLetter.objects.create(order_model=label, order_id=str(failure.pk),
+                                          first_failed_at=_from_ms(failure.first_failure_ms), **values)
+
+
+def _open_by_model(
+    letters: Iterable[DeadLetter],
+) -> dict[type[AbstractTimeoutOrder], list[DeadLetter]]:
+    grouped: dict[type[AbstractTimeoutOrder], list[DeadLetter]] = defaultdict(list)
+    for letter in letters:
+        if not letter.is_resolved:
+            grouped[apps.get_model(letter.order_model)].append(letter)
+    return grouped
+
+
+def _resolve(letter: DeadLetter, resolution: str, user: Any, now: datetime) -> None:
+    letter.resolution, letter.resolved_by, letter.resolved_at = resolution, user, now
+    letter.save(update_fields=["resolution", "resolved_by", "resolved_at"])
+
+
+def requeue(letters: Iterable[DeadLetter], user: Any, now: datetime,
+            queue: TimeoutQueue | None = None) -> Counter[str]:
+    """Put the orders back on the queue at their deadlines (due now, if past).
+
+    Orders no longer unpaid are only marked settled. Redis is written before
+    the commit, so if it is down the dead letters stay open and the error
+    reaches the caller.
+    """
+    queue = queue or TimeoutQueue.from_settings()
+    counts: Counter[str] = Counter()
+    for model, group in _open_by_model(letters).items():
+        with transaction.atomic(using=_db()):
+            rows = model._default_manager.in_bulk([letter.order_id for letter in group])
+            deadlines: dict[str, int] = {}
+            for letter in group:
+                order = rows.get(model._meta.pk.to_python(letter.order_id))
+                if order is None:
+                    counts["missing"] += 1
+                elif order.status != Status.UNPAID:
+                    _resolve(letter, DeadLetter.Resolution.SETTLED, user, now)
+                    counts["settled"] += 1
+                else:
+                    deadlines[order_member(order.pk)] = deadline_score(order.expires_at)
+                    _resolve(letter, DeadLetter.Resolution.REQUEUED, user, now)
+                    counts["requeued"] += 1
+            queue.schedule(deadlines)
+    return counts
+
+
+def close_now(letters: Iterable[DeadLetter], user: Any, now: datetime,
+              queue: TimeoutQueue | None = None) -> Counter[str]:
+    """Run the consumer's close path on these orders once more, now."""
+    counts: Counter[str] = Counter()
+    for model, group in _open_by_model(letters).items():
+        by_pk = {model._meta.pk.to_python(letter.order_id): letter for letter in group}
+        outcome = close_expired(model, list(by_pk), now)
+        with transaction.atomic(using=_db()):
+            for pk in outcome.closed:
+                _resolve(by_pk[pk], DeadLetter.Resolution.CLOSED, user, now)
+            for pk in outcome.settled:
+                _resolve(by_pk[pk], DeadLetter.Resolution.SETTLED, user, now)
+            for pk, error in outcome.failed.items():
+                letter = by_pk[pk]
+                letter.error_type, letter.last_error = _describe(error)
+                letter.attempts += 1
+                letter.last_failed_at = now
+                letter.save(update_fields=["error_type", "last_error", "attempts", "last_failed_at"])
+        counts.update(closed=len(outcome.closed), settled=len(outcome.settled),
+                      failed=len(outcome.failed), missing=len(outcome.missing))
+        if outcome.not_due:
+            # The deadline was extended meanwhile: it is not ours to close yet.
+            counts.update(requeue([by_pk[pk] for pk in outcome.not_due], user, now, queue))
+    return counts

@@ -1,0 +1,253 @@
+"""Failed closes back off, then become dead letters that staff resolve from the admin."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.urls import reverse
+
+from order_timeout.codec import now_score
+from order_timeout.consumer import Consumer
+from order_timeout.models import DeadLetter, Order
+from order_timeout.signals import order_expired
+from testproject.shop.models import Expiry
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CHANGELIST = "admin:order_timeout_deadletter_changelist"
+
+
+class StockServiceDown(Exception):
+    pass
+
+
+@pytest.fixture
+def failing_receiver():
+    """An order_expired receiver that raises for the order ids in ``failing``."""
+    failing: set[int] = set()
+    calls: list[int] = []
+
+    def release_stock(sender, order, **kwargs):
+        calls.append(order.pk)
+        if order.pk in failing:
+            raise StockServiceDown(f"cannot release stock of order {order.pk}")
+
+    order_expired.connect(release_stock, weak=False)
+    release_stock.failing, release_stock.calls = failing, calls
+    yield release_stock
+    order_expired.disconnect(release_stock)
+
+
+@pytest.fixture
+def short_retries(settings):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "RETRY_DELAYS": [1, 2, 4]}
+
+
+def dead_letter_for(order, failing_receiver, clock, consumer):
+    """Drive ``order`` through every retry until it is dead-lettered."""
+    failing_receiver.failing.add(order.pk)
+    worker = consumer()
+    worker.run(once=True)
+    for delay in (1, 2, 4):
+        clock.advance(delay)
+        worker.run(once=True)
+    return DeadLetter.objects.get(order_id=str(order.pk))
+
+
+def test_receiver_that_keeps_raising_is_retried_at_each_delay_then_dead_lettered(
+        short_retries, failing_receiver, consumer, make_order, queue, clock):
+    order = make_order(in_seconds=-1)
+    failing_receiver.failing.add(order.pk)
+    worker = consumer()
+    member = str(order.pk)
+
+    retry_scores = []
+    worker.run(once=True)
+    for delay in (1, 2, 4):
+        retry_scores.append(queue.score_of(member) - now_score(clock()))
+        clock.advance(delay - 0.001)
+        worker.run(once=True)  # not yet: the retry waits its delay
+        assert len(failing_receiver.calls) == 1 + len(retry_scores) - 1
+        clock.advance(0.001)
+        worker.run(once=True)
+
+    assert retry_scores == [1000, 2000, 4000]
+    assert len(failing_receiver.calls) == 4  # the first try and three retries
+    letter = DeadLetter.objects.get()
+    assert (letter.order_id, letter.attempts) == (member, 4)
+    assert letter.error_type.endswith("StockServiceDown")
+    assert f"cannot release stock of order {order.pk}" in letter.last_error
+    assert letter.first_failed_at < letter.last_failed_at
+    assert not letter.is_resolved
+    assert Order.objects.get(pk=order.pk).status == Order.Status.UNPAID
+    # It left Redis: nothing pending, leased or counted.
+    assert queue.pending_count() == 0 and queue.leased_members() == []
+    assert queue.client.hlen(queue.keys.attempts) == 0
+    assert worker.stats.dead_lettered == 1
+
+
+def test_retry_state_survives_a_consumer_restart(short_retries, failing_receiver, consumer,
+                                                 make_order, queue, clock):
+    order = make_order(in_seconds=-1)
+    failing_receiver.failing.add(order.pk)
+    consumer().run(once=True)
+    clock.advance(1)
+    consumer().run(once=True)
+
+    clock.advance(2)
+    consumer().run(once=True)  # a third consumer: attempt 3, so the next delay is 4 s
+
+    assert queue.score_of(str(order.pk)) == now_score(clock()) + 4000
+    assert int(queue.client.hget(queue.keys.attempts, str(order.pk))) == 3
+
+
+def test_successful_retry_clears_the_retry_state(short_retries, failing_receiver, consumer,
+                                                 make_order, queue, clock):
+    order = make_order(in_seconds=-1)
+    failing_receiver.failing.add(order.pk)
+    consumer().run(once=True)
+    failing_receiver.failing.clear()
+
+    clock.advance(1)
+    consumer().run(once=True)
+
+    assert Order.objects.get(pk=order.pk).status == Order.Status.CLOSED
+    assert queue.client.hlen(queue.keys.attempts) == 0
+    assert not DeadLetter.objects.exists()
+
+
+def test_order_paid_during_its_backoff_is_never_closed(short_retries, failing_receiver, consumer,
+                                                      make_order, queue, clock):
+    order = make_order(in_seconds=-1)
+    failing_receiver.failing.add(order.pk)
+    consumer().run(once=True)
+    failing_receiver.failing.clear()
+
+    Order.objects.get(pk=order.pk).mark_paid()
+    clock.advance(1)
+    consumer().run(once=True)
+
+    assert Order.objects.get(pk=order.pk).status == Order.Status.PAID
+    assert queue.pending_count() == 0 and queue.client.hlen(queue.keys.attempts) == 0
+
+
+def staff(username, *permissions):
+    user = User.objects.create_user(username, password="pw", is_staff=True)
+    user.user_permissions.add(
+        Permission.objects.get(codename="view_deadletter"),
+        *(Permission.objects.get(codename=codename) for codename in permissions),
+    )
+    return user
+
+
+def post_action(client, action, letter):
+    return client.post(reverse(CHANGELIST), {"action": action, "_selected_action": [letter.pk]},
+                       follow=True)
+
+
+def test_requeue_from_the_admin_closes_the_order(short_retries, failing_receiver, consumer,
+                                                 make_order, queue, clock, client):
+    order = make_order(in_seconds=-1)
+    letter = dead_letter_for(order, failing_receiver, clock, consumer)
+    failing_receiver.failing.clear()
+    client.force_login(staff("ops", "requeue_deadletter"))
+
+    response = post_action(client, "requeue", letter)
+
+    assert "1 order requeued." in response.text
+    letter.refresh_from_db()
+    assert letter.resolution == DeadLetter.Resolution.REQUEUED
+    assert letter.resolved_by.username == "ops" and letter.is_resolved
+    consumer().run(once=True)
+    assert Order.objects.get(pk=order.pk).status == Order.Status.CLOSED
+    assert Expiry.objects.filter(order_id=str(order.pk)).count() == 1
+
+
+def test_requeue_needs_the_permission(short_retries, failing_receiver, consumer, make_order,
+                                      queue, clock, client):
+    order = make_order(in_seconds=-1)
+    letter = dead_letter_for(order, failing_receiver, clock, consumer)
+    client.force_login(staff("intern"))
+
+    changelist = client.get(reverse(CHANGELIST))
+    post_action(client, "requeue", letter)
+
+    assert changelist.status_code == 200
+    assert 'value="requeue"' not in changelist.text
+    letter.refresh_from_db()
+    assert not letter.is_resolved
+    assert queue.pending_count() == 0
+
+
+def test_close_now_closes_the_order_through_the_consumers_path(short_retries, failing_receiver,
+                                                              consumer, make_order, clock, client):
+    order = make_order(in_seconds=-1)
+    letter = dead_letter_for(order, failing_receiver, clock, consumer)
+    failing_receiver.failing.clear()
+    client.force_login(staff("ops", "close_deadletter_order"))
+
+    response = post_action(client, "close_now", letter)
+
+    assert "1 order closed." in response.text
+    order.refresh_from_db()
+    assert (order.status, order.close_reason) == (Order.Status.CLOSED, "timeout")
+    assert Expiry.objects.filter(order_id=str(order.pk)).count() == 1  # the signal fired
+    letter.refresh_from_db()
+    assert letter.resolution == DeadLetter.Resolution.CLOSED
+
+
+def test_close_now_never_closes_an_order_paid_meanwhile(short_retries, failing_receiver, consumer,
+                                                       make_order, clock, client):
+    order = make_order(in_seconds=-1)
+    letter = dead_letter_for(order, failing_receiver, clock, consumer)
+    Order.objects.get(pk=order.pk).mark_paid()
+    client.force_login(staff("ops", "close_deadletter_order", "requeue_deadletter"))
+
+    close_response = post_action(client, "close_now", letter)
+
+    assert "already paid or closed" in close_response.text
+    assert Order.objects.get(pk=order.pk).status == Order.Status.PAID
+    letter.refresh_from_db()
+    assert letter.resolution == DeadLetter.Resolution.SETTLED
+
+
+def test_requeue_never_schedules_an_order_paid_meanwhile(short_retries, failing_receiver, consumer,
+                                                        make_order, queue, clock, client):
+    order = make_order(in_seconds=-1)
+    letter = dead_letter_for(order, failing_receiver, clock, consumer)
+    Order.objects.get(pk=order.pk).mark_paid()
+    client.force_login(staff("ops", "requeue_deadletter"))
+
+    post_action(client, "requeue", letter)
+
+    assert queue.pending_count() == 0
+    assert Order.objects.get(pk=order.pk).status == Order.Status.PAID
+
+
+def test_close_now_that_fails_again_keeps_the_dead_letter_open(short_retries, failing_receiver,
+                                                              consumer, make_order, clock, client):
+    order = make_order(in_seconds=-1)
+    letter = dead_letter_for(order, failing_receiver, clock, consumer)
+    client.force_login(staff("ops", "close_deadletter_order"))
+
+    response = post_action(client, "close_now", letter)
+
+    assert "failed to close again" in response.text
+    letter.refresh_from_db()
+    assert not letter.is_resolved and letter.attempts == 5
+    assert Order.objects.get(pk=order.pk).status == Order.Status.UNPAID
+
+
+def test_dead_letter_changelist_searches_and_filters(short_retries, failing_receiver, consumer,
+                                                     make_order, clock, admin_client):
+    order = make_order(in_seconds=-1)
+    dead_letter_for(order, failing_receiver, clock, consumer)
+
+    found = admin_client.get(reverse(CHANGELIST), {"q": "StockServiceDown", "resolved": "no"})
+    not_found = admin_client.get(reverse(CHANGELIST), {"resolved": "yes"})
+
+    assert found.status_code == 200
+    assert len(found.context["cl"].result_list) == 1
+    assert len(not_found.context["cl"].result_list) == 0
