@@ -1,3 +1,5 @@
+"""Admin for orders and dead letters; dead letter actions call the consumer's own services."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -20,11 +22,14 @@ class TimeoutOrderAdmin(admin.ModelAdmin):
     list_display = ("__str__", "status", "expires_at", "closed_at", "close_reason", "created_at")
     list_filter = ("status", "close_reason", "expires_at", "closed_at")
     date_hierarchy = "expires_at"
-    readonly_fields = ("closed_at", "close_reason", "created_at")
+    # Status changes go through mark_paid() and the consumer, whose updates
+    # are conditional on the row; a form could write a stale status back.
+    readonly_fields = ("status", "closed_at", "close_reason", "created_at")
     search_fields = ("=id",)
 
 
 # Shops with their own order model register it themselves (see docs/existing-model.md).
+# Read when the admin is autodiscovered, after settings are loaded and checked.
 if get_order_model() is Order:
     admin.site.register(Order, TimeoutOrderAdmin)
 

@@ -13,7 +13,7 @@ from .conf import settings
 @checks.register(checks.Tags.compatibility)
 def check_redis_alias(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     alias = settings.REDIS_ALIAS
-    caches = getattr(django_settings, "CACHES", {})
+    caches = django_settings.CACHES
     if alias not in caches:
         return [checks.Error(
             f"ORDER_TIMEOUT['REDIS_ALIAS'] is {alias!r}, which is not a key of CACHES.",

@@ -32,6 +32,7 @@ def now_score(now: datetime) -> int:
 
 
 def order_member(pk: Any) -> str:
+    """The Redis member of the order with this primary key."""
     return str(pk)
 
 

@@ -16,13 +16,13 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import DatabaseError, close_old_connections
+from django.db import Error as DatabaseError, close_old_connections
 from django.utils import timezone
 
 from . import deadletters, get_order_model
 from .closing import close_expired
 from .codec import deadline_score, now_score, parse_member
-from .conf import settings
+from .conf import MAX_BATCH_SIZE, settings
 from .exceptions import QueueUnavailable
 from .models import AbstractTimeoutOrder
 from .deadletters import Failure
@@ -50,6 +50,8 @@ class BatchReport:
 
 @dataclass
 class ConsumerStats(BatchReport):
+    """Totals since the consumer started, plus batches and errors survived."""
+
     batches: int = 0
     errors: int = 0
 
@@ -80,6 +82,8 @@ class Consumer:
         self.queue = queue or TimeoutQueue.from_settings()
         self.model = model or get_order_model()
         self.batch_size = batch_size if batch_size is not None else settings.BATCH_SIZE
+        if not 1 <= self.batch_size <= MAX_BATCH_SIZE:
+            raise ValueError(f"batch_size must be from 1 to {MAX_BATCH_SIZE}, got {self.batch_size}")
         self.max_wait = max_wait if max_wait is not None else settings.MAX_WAIT
         self.lease_ms = round(1000 * (lease_seconds if lease_seconds is not None else settings.LEASE_SECONDS))
         self.retry_delays_ms = [round(1000 * delay) for delay in settings.RETRY_DELAYS]
@@ -99,8 +103,10 @@ class Consumer:
 
     # -- one batch ------------------------------------------------------
 
-    def claim(self, now: datetime) -> Claim:
-        return self.queue.claim(now_score(now), self.batch_size, self.lease_ms)
+    def claim(self, now: datetime, due_by: datetime | None = None) -> Claim:
+        """Lease the next batch due by ``due_by`` (default ``now``)."""
+        due_ms = now_score(min(now, due_by) if due_by else now)
+        return self.queue.claim(due_ms, self.batch_size, now_score(now) + self.lease_ms)
 
     def process(self, members: list[str], now: datetime) -> BatchReport:
         """Close what is due among claimed ``members``; ack, reschedule or retry each."""
@@ -160,13 +166,13 @@ class Consumer:
             self.queue.ack([by_pk[failure.pk] for failure in dead])
         return len(dead)
 
-    def run_once(self) -> Claim:
+    def run_once(self, due_by: datetime | None = None) -> Claim:
         """Claim and process one batch; returns the claim (empty when nothing was due)."""
         close_old_connections()
         try:
             started = time.perf_counter()
             now = self.now()
-            claim = self.claim(now)
+            claim = self.claim(now, due_by)
             if claim.members:
                 report = self.process(claim.members, now)
                 self.stats.add(report)
@@ -190,9 +196,12 @@ class Consumer:
         ``once`` mode they are raised, since the caller wants a verdict.
         """
         backoff = ERROR_BACKOFF_FIRST
+        # --once means "what is due now": a fixed cutoff, so a steady stream
+        # of new deadlines cannot keep it running.
+        due_by = self.now() if once else None
         while not self.stopping:
             try:
-                claim = self.run_once()
+                claim = self.run_once(due_by)
             except (QueueUnavailable, DatabaseError):
                 if once:
                     raise

@@ -11,3 +11,7 @@ class QueueUnavailable(OrderTimeoutError):
 
 class OrderClosed(OrderTimeoutError):
     """The order was already closed (its deadline passed), so it cannot be paid or extended."""
+
+
+class StaleOrderStatus(OrderTimeoutError):
+    """A save would overwrite a paid or closed row with an older status (the object was stale)."""

@@ -11,12 +11,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings as django_settings
-from django.db import models, router
+from django.db import models, router, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from .conf import settings
-from .exceptions import OrderClosed
+from .exceptions import OrderClosed, StaleOrderStatus
 
 TIMEOUT_REASON = "timeout"
 
@@ -52,6 +52,29 @@ class AbstractTimeoutOrder(models.Model):
         abstract = True
         # The compensation scan and the admin's "overdue" view walk this index.
         indexes = [models.Index(fields=["status", "expires_at"])]
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Save, refusing to write over a row that was paid or closed since this object was loaded.
+
+        Paid and closed are final: a stale copy saved as unpaid would put a
+        closed order back on the queue (closed twice) or a paid one (closed
+        after payment). The check locks the row, so it cannot race the consumer.
+        """
+        update_fields = kwargs.get("update_fields")
+        writes_status = update_fields is None or "status" in update_fields
+        if self._state.adding or self.pk is None or not writes_status:
+            super().save(*args, **kwargs)
+            return
+        using = kwargs.get("using") or self._state.db or router.db_for_write(type(self), instance=self)
+        with transaction.atomic(using=using):
+            current = (type(self)._default_manager.db_manager(using).select_for_update()
+                       .filter(pk=self.pk).values_list("status", flat=True).first())
+            if current not in (None, Status.UNPAID, self.status):
+                raise StaleOrderStatus(
+                    f"{type(self).__name__} {self.pk!r} is {current} in the database; "
+                    f"refusing to save it as {self.status}."
+                )
+            super().save(*args, **kwargs)
 
     def _conditional_update(self, **values: Any) -> bool:
         """UPDATE this row only while it is unpaid; True if it was."""

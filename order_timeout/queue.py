@@ -100,13 +100,20 @@ class TimeoutQueue:
 
     def unschedule(self, members: Iterable[str]) -> None:
         """Forget members wherever they are: pending, leased, retry state."""
-        members = list(members)
-        if not members:
+        self.sync({}, members)
+
+    def sync(self, deadlines: Mapping[str, int], gone: Iterable[str]) -> None:
+        """Schedule ``deadlines`` and forget ``gone``, in one atomic round trip."""
+        gone = list(gone)
+        if not deadlines and not gone:
             return
-        with _redis_errors("unschedule"):
+        with _redis_errors("update the queue"):
             pipe = self.client.pipeline(transaction=True)
-            pipe.zrem(self.keys.pending, *members)
-            self._forget_lease(pipe, members)
+            if deadlines:
+                pipe.zadd(self.keys.pending, dict(deadlines))
+            if gone:
+                pipe.zrem(self.keys.pending, *gone)
+                self._forget_lease(pipe, gone)
             pipe.execute()
 
     def _forget_lease(self, pipe: Any, members: list[str]) -> None:
@@ -114,12 +121,14 @@ class TimeoutQueue:
         pipe.hdel(self.keys.attempts, *members)
         pipe.hdel(self.keys.first_failure, *members)
 
-    def claim(self, now_ms: int, limit: int, lease_ms: int) -> Claim:
-        """Lease up to ``limit`` due members (and expired leases) until now + lease."""
+    def claim(self, due_ms: int, limit: int, lease_until_ms: int) -> Claim:
+        """Lease up to ``limit`` members due by ``due_ms`` (and expired leases) until ``lease_until_ms``."""
+        if limit < 1:
+            raise ValueError(f"a claim takes at least one member, not {limit}")
         with _redis_errors("claim"):
             reply = self.scripts["claim"](
                 keys=[self.keys.pending, self.keys.leased],
-                args=[now_ms, limit, now_ms + lease_ms],
+                args=[due_ms, limit, lease_until_ms],
             )
         next_score = _text(reply[0])
         return Claim(
@@ -167,6 +176,18 @@ class TimeoutQueue:
         with _redis_errors("reschedule"):
             return int(self.scripts["reschedule"](keys=[self.keys.pending, self.keys.leased], args=args))
 
+    def missing(self, members: Iterable[str]) -> list[str]:
+        """The members that are neither pending nor leased."""
+        members = list(members)
+        if not members:
+            return []
+        with _redis_errors("look members up"):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zmscore(self.keys.pending, members)
+            pipe.zmscore(self.keys.leased, members)
+            pending, leased = pipe.execute()
+        return [m for m, p, l in zip(members, pending, leased) if p is None and l is None]
+
     def stats(self, now_ms: int) -> QueueStats:
         """Sizes of the queue, in one round trip."""
         with _redis_errors("read queue statistics"):
@@ -200,9 +221,11 @@ class TimeoutQueue:
         return None if score is None else int(score)
 
     def leased_members(self) -> list[str]:
+        """Every member under lease now (for tests and diagnostics)."""
         with _redis_errors("read the lease set"):
             return [_text(m) for m in self.client.zrange(self.keys.leased, 0, -1)]
 
     def pending_count(self) -> int:
+        """How many members wait in the pending set."""
         with _redis_errors("count pending members"):
             return int(self.client.zcard(self.keys.pending))

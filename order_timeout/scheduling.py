@@ -33,9 +33,7 @@ def _database(order: AbstractTimeoutOrder) -> str:
 
 def _sync(deadlines: dict[str, int], gone: list[str]) -> None:
     try:
-        queue = TimeoutQueue.from_settings()
-        queue.schedule(deadlines)
-        queue.unschedule(gone)
+        TimeoutQueue.from_settings().sync(deadlines, gone)
     except QueueUnavailable:
         logger.warning(
             "Could not update the timeout queue for %d order(s); the compensation "

@@ -12,8 +12,6 @@ from typing import Any
 
 from django.dispatch import Signal
 
-from .scheduling import schedule, unschedule
-
 order_expired = Signal()
 
 # Only these fields move an order on or off the queue.
@@ -22,6 +20,10 @@ _QUEUE_FIELDS = frozenset({"status", "expires_at"})
 
 def order_saved(sender: Any, instance: Any, raw: bool = False,
                 update_fields: frozenset[str] | None = None, **kwargs: Any) -> None:
+    """post_save: mirror the row's status and deadline into the queue after commit."""
+    # Imported here so that closing, which sends order_expired, stays free of Redis.
+    from .scheduling import schedule
+
     if raw:
         return
     if update_fields is not None and not _QUEUE_FIELDS & set(update_fields):
@@ -30,4 +32,7 @@ def order_saved(sender: Any, instance: Any, raw: bool = False,
 
 
 def order_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
+    """post_delete: take the order off the queue after commit."""
+    from .scheduling import unschedule
+
     unschedule([instance])

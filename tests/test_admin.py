@@ -14,7 +14,16 @@ def test_order_changelist_shows_status_deadline_and_close_fields(admin_client, m
     assert response.status_code == 200
     for column in ("status", "expires_at", "closed_at", "close_reason"):
         assert f"column-{column}" in response.text
-    assert "By status" in response.text or "status" in response.context["cl"].list_filter
+    assert "By status" in response.text
+
+
+def test_status_is_read_only_in_the_order_admin(admin_client, make_order):
+    order = make_order(in_seconds=60)
+
+    response = admin_client.get(reverse("admin:order_timeout_order_change", args=[order.pk]))
+
+    assert response.status_code == 200
+    assert 'name="status"' not in response.text
 
 
 def test_order_changelist_filters_by_status(admin_client, make_order):

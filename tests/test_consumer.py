@@ -4,25 +4,31 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import pytest
 from django.db import connection
 
+from order_timeout import schedule
 from order_timeout.codec import deadline_score, now_score
+from order_timeout.consumer import Consumer
+from order_timeout.exceptions import OrderClosed
 from order_timeout.models import Order
 from order_timeout.signals import order_expired
-from testproject.shop.models import Expiry
+from testproject.shop.models import Expiry, Purchase
+
+from .conftest import Clock, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def receiver():
+def receiver() -> Iterator[Callable[[Callable[..., None]], Callable[..., None]]]:
     """Connect a test receiver to order_expired for the length of the test."""
-    connected = []
+    connected: list[Callable[..., None]] = []
 
-    def connect(func):
+    def connect(func: Callable[..., None]) -> Callable[..., None]:
         order_expired.connect(func, weak=False)
         connected.append(func)
         return func
@@ -233,8 +239,6 @@ def test_idle_consumer_sleeps_max_wait_when_nothing_is_pending(consumer, clock):
 
 def test_lost_database_connection_is_logged_and_retried(make_order, receiver, caplog):
     """The first close kills its own database connection; the consumer recovers."""
-    from order_timeout.consumer import Consumer
-
     order = make_order(in_seconds=-1)
     kills = []
 
@@ -250,8 +254,6 @@ def test_lost_database_connection_is_logged_and_retried(make_order, receiver, ca
     with caplog.at_level(logging.WARNING, logger="order_timeout"):
         thread.start()
         try:
-            from tests.conftest import wait_for
-
             wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed", timeout=20)
         finally:
             worker.request_stop()
@@ -264,9 +266,6 @@ def test_lost_database_connection_is_logged_and_retried(make_order, receiver, ca
 
 
 def test_lost_redis_is_logged_and_retried_until_it_returns(private_redis, make_order, caplog):
-    from order_timeout.consumer import Consumer
-    from tests.conftest import wait_for
-
     order = make_order(in_seconds=0.3)
     private_redis.stop()
     worker = Consumer(max_wait=0.05)
@@ -276,8 +275,6 @@ def test_lost_redis_is_logged_and_retried_until_it_returns(private_redis, make_o
         try:
             wait_for(lambda: worker.stats.errors >= 2, timeout=20)
             private_redis.start()
-            from order_timeout import schedule
-
             schedule([order])  # an empty Redis came back; the rebuild scan would do this
             wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed", timeout=20)
         finally:
@@ -289,9 +286,6 @@ def test_lost_redis_is_logged_and_retried_until_it_returns(private_redis, make_o
 
 
 def test_a_shops_own_order_model_is_closed_the_same_way(consumer, clock):
-    from order_timeout import schedule
-    from testproject.shop.models import Purchase
-
     purchase = Purchase.objects.create(customer="ada", expires_at=clock() - timedelta(seconds=1))
     schedule([purchase])
 
@@ -300,3 +294,113 @@ def test_a_shops_own_order_model_is_closed_the_same_way(consumer, clock):
     purchase.refresh_from_db()
     assert purchase.status == Purchase.Status.CLOSED
     assert Expiry.objects.filter(order_id=str(purchase.pk), model="shop.Purchase").count() == 1
+
+
+def test_reschedule_keeps_an_earlier_deadline_set_meanwhile(consumer, make_order, queue, clock):
+    order = make_order(in_seconds=-1)
+    member = str(order.pk)
+    claim = consumer().claim(clock())
+    # The consumer read a 10-minute deadline from the row...
+    read_by_consumer = {member: deadline_score(clock() + timedelta(minutes=10))}
+    # ...then the shop moved it to 5 s, and its commit reached Redis first.
+    sooner = clock() + timedelta(seconds=5)
+    Order.objects.get(pk=order.pk).extend_deadline(sooner)
+
+    queue.reschedule(read_by_consumer)
+
+    assert claim.members == [member]
+    assert queue.score_of(member) == deadline_score(sooner)
+
+
+def test_once_stops_at_what_was_due_when_it_started(consumer, make_order, clock):
+    due_now = [make_order(in_seconds=-1) for _ in range(4)]
+    due_soon = [make_order(in_seconds=s) for s in (0.5, 1.5, 2.5, 3.5)]
+
+    def ticking():  # every reading of the clock is one second later
+        return clock.advance(1)
+
+    consumer(now=ticking, batch_size=2).run(once=True)
+
+    assert all(Order.objects.get(pk=o.pk).status == "closed" for o in due_now)
+    assert any(Order.objects.get(pk=o.pk).status == "unpaid" for o in due_soon)
+
+
+def test_payment_racing_a_close_waits_for_the_lock_and_is_refused(make_order, receiver):
+    """Whoever takes the row lock first wins; the loser learns it."""
+    order = make_order(in_seconds=-1)
+    closing, go = threading.Event(), threading.Event()
+
+    @receiver
+    def slow_release(sender, order, **kwargs):
+        closing.set()
+        go.wait(10)
+
+    worker = Consumer()
+    consumer_thread = threading.Thread(target=worker.run, kwargs={"once": True})
+    consumer_thread.start()
+    assert closing.wait(10)
+    payment: list[object] = []
+
+    def pay():
+        try:
+            payment.append(Order.objects.get(pk=order.pk).mark_paid())
+        except OrderClosed as exc:
+            payment.append(exc)
+
+    payer = threading.Thread(target=pay)
+    payer.start()
+    payer.join(0.5)
+    assert payer.is_alive()  # blocked on the row lock the close holds
+    go.set()
+    consumer_thread.join(10)
+    payer.join(10)
+
+    assert isinstance(payment[0], OrderClosed)
+    assert Order.objects.get(pk=order.pk).status == Order.Status.CLOSED
+    assert expiries(order) == 1
+
+
+def test_idle_consumer_does_not_busy_loop(redis_client, clock):
+    """With nothing pending it claims once per MAX_WAIT, and each claim is one Redis call."""
+    worker = Consumer(max_wait=0.2)
+    before = claim_calls(redis_client)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    threading.Event().wait(1.0)
+    worker.request_stop()
+    thread.join(5)
+
+    assert 2 <= claim_calls(redis_client) - before <= 8
+
+
+def test_consumer_wakes_at_the_next_deadline_rather_than_after_max_wait(make_order):
+    order = make_order(in_seconds=0.3)
+    worker = Consumer(max_wait=30)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed", timeout=10)
+    finally:
+        worker.request_stop()
+        thread.join(5)
+    assert not thread.is_alive()
+
+
+def claim_calls(redis_client) -> int:
+    stats = redis_client.info("commandstats")
+    return sum(stats.get(name, {}).get("calls", 0) for name in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
+def test_claim_of_ten_thousand_members_is_sliced_and_unique(consumer, queue, clock):
+    due = now_score(clock()) - 1
+    queue.schedule({str(pk): due for pk in range(1, 10_001)})
+
+    claim = consumer(batch_size=10_000).claim(clock())
+
+    assert len(claim.members) == len(set(claim.members)) == 10_000
+    assert queue.pending_count() == 0 and len(queue.leased_members()) == 10_000
+
+
+def test_consumer_rejects_a_batch_size_outside_the_bounds():
+    with pytest.raises(ValueError, match="batch_size"):
+        Consumer(batch_size=0)

@@ -35,11 +35,14 @@ def closed_count(stdout: str) -> int:
     return int(re.search(r"(\d+) closed", stdout).group(1))
 
 
-def test_racing_consumers_close_every_order_exactly_once(consumer_process, queue):
-    """Seed pitfall 3: several consumers, one claim per member."""
+@pytest.mark.parametrize("lease_seconds", ["30", "0.05"], ids=["lease-30s", "lease-50ms"])
+def test_racing_consumers_close_every_order_exactly_once(consumer_process, queue, lease_seconds):
+    """Seed pitfall 3: several consumers. With a 50 ms lease, members are handed
+    out again while still being closed, so the row lock must settle the race."""
     due_orders(2000)
 
-    racers = [consumer_process("--once", "--batch-size", "50") for _ in range(3)]
+    env = {"ORDER_TIMEOUT_LEASE_SECONDS": lease_seconds}
+    racers = [consumer_process("--once", "--batch-size", "50", env=env) for _ in range(3)]
     results = [racer.wait(timeout=240) for racer in racers]
 
     assert [code for code, _, _ in results] == [0, 0, 0], [err for _, _, err in results]
@@ -64,6 +67,8 @@ def test_orders_of_a_consumer_killed_after_its_claim_are_closed_after_the_lease(
     assert sorted(queue.leased_members()) == sorted(str(o.pk) for o in orders)
     assert Order.objects.filter(status=Order.Status.UNPAID).count() == 20
     assert Expiry.objects.count() == 0
+    within_lease = Clock(timezone.now() + timedelta(seconds=25))
+    assert Consumer(now=within_lease).run(once=True).claimed == 0
     after_lease = Clock(timezone.now() + timedelta(seconds=31))
     stats = Consumer(now=after_lease).run(once=True)
     assert stats.closed == 20

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from order_timeout import schedule, unschedule
 from order_timeout.codec import deadline_score
-from order_timeout.exceptions import OrderClosed
+from order_timeout.exceptions import OrderClosed, StaleOrderStatus
 from order_timeout.models import Order
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -159,3 +159,35 @@ def test_order_is_saved_and_a_warning_logged_when_redis_is_down(private_redis, c
     assert Order.objects.filter(pk=order.pk, status=Order.Status.UNPAID).exists()
     assert any("compensation scan" in r.getMessage() and r.levelno == logging.WARNING
                for r in caplog.records)
+
+
+def test_stale_copy_cannot_reopen_a_closed_order(make_order, queue):
+    stale = make_order(in_seconds=60)
+    Order.objects.filter(pk=stale.pk).update(status=Order.Status.CLOSED)
+
+    stale.close_reason = "edited"
+    with pytest.raises(StaleOrderStatus):
+        stale.save()
+
+    assert Order.objects.get(pk=stale.pk).status == Order.Status.CLOSED
+
+
+def test_stale_copy_cannot_unpay_a_paid_order(make_order, queue):
+    stale = make_order(in_seconds=60)
+    Order.objects.get(pk=stale.pk).mark_paid()
+
+    with pytest.raises(StaleOrderStatus):
+        stale.save()
+
+    assert Order.objects.get(pk=stale.pk).status == Order.Status.PAID
+    assert queue.score_of(str(stale.pk)) is None
+
+
+def test_saving_other_fields_of_a_closed_order_is_allowed(make_order):
+    order = make_order(in_seconds=60)
+    Order.objects.filter(pk=order.pk).update(status=Order.Status.CLOSED)
+
+    order.close_reason = "fraud check"
+    order.save(update_fields=["close_reason"])
+
+    assert Order.objects.get(pk=order.pk).close_reason == "fraud check"

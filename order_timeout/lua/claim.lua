@@ -3,7 +3,7 @@
 
   KEYS[1] pending  sorted set: member = order id, score = deadline (ms)
   KEYS[2] leased   sorted set: member = order id, score = lease expiry (ms)
-  ARGV[1] now      (ms): members with score <= now are due
+  ARGV[1] now      (ms): members with score <= now are due, leases <= now expired
   ARGV[2] limit    most members to claim
   ARGV[3] until    (ms): lease expiry given to every claimed member
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 from argparse import ArgumentTypeError
 from types import FrameType
 from typing import Any
@@ -70,13 +71,19 @@ class Command(BaseCommand):
         logger.setLevel(VERBOSITY_LEVELS.get(verbosity, logging.DEBUG))
 
     def _install_signal_handlers(self, consumer: Consumer) -> None:
+        received: list[int] = []
+
         def stop(signum: int, frame: FrameType | None) -> None:
-            if consumer.stopping:
+            if received:
                 # Second signal: leave now. Whatever was claimed stays leased
                 # and another consumer takes it over when the lease runs out.
                 raise SystemExit(128 + signum)
+            received.append(signum)
             self.stderr.write(f"Received {signal.Signals(signum).name}; finishing the batch in hand.")
-            consumer.request_stop()
+            # Not consumer.request_stop() here: the handler runs in the main
+            # thread, which may hold the Event's lock inside wait(), and that
+            # lock is not reentrant. A thread takes it once the handler returns.
+            threading.Thread(target=consumer.request_stop, daemon=True).start()
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
