@@ -24,6 +24,12 @@ INSTALLED_APPS = [
     "order_timeout",
     "testproject.shop",
 ]
+try:  # django-celery-beat users: see order_timeout.beat.install_periodic_task()
+    import django_celery_beat  # noqa: F401
+
+    INSTALLED_APPS.append("django_celery_beat")
+except ImportError:
+    pass
 
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -75,8 +81,24 @@ CACHES = {
 ORDER_TIMEOUT = {
     "KEY_PREFIX": os.environ.get("ORDER_TIMEOUT_KEY_PREFIX", "order_timeout"),
 }
-if "ORDER_TIMEOUT_LEASE_SECONDS" in os.environ:
-    ORDER_TIMEOUT["LEASE_SECONDS"] = float(os.environ["ORDER_TIMEOUT_LEASE_SECONDS"])
+# Tests that run the consumer or a Celery worker in another process tune them here.
+for _key in ("LEASE_SECONDS", "COMPENSATION_GRACE", "COMPENSATION_INTERVAL"):
+    if f"ORDER_TIMEOUT_{_key}" in os.environ:
+        ORDER_TIMEOUT[_key] = float(os.environ[f"ORDER_TIMEOUT_{_key}"])
+
+# Celery: Redis as broker and result backend (CELERY_BROKER_URL overrides).
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
+CELERY_RESULT_BACKEND = CELERY_BROKER_URL
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "celery")
+
+# Plain Celery beat: the compensation scan every COMPENSATION_INTERVAL seconds
+# (what order_timeout.beat.beat_schedule() returns; settings cannot call it).
+CELERY_BEAT_SCHEDULE = {
+    "order-timeout-compensate": {
+        "task": "order_timeout.tasks.compensate",
+        "schedule": float(ORDER_TIMEOUT.get("COMPENSATION_INTERVAL", 300)),
+    },
+}
 
 USE_TZ = True
 TIME_ZONE = "UTC"

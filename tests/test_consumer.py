@@ -95,7 +95,7 @@ def test_paid_order_is_never_closed_when_paid_after_claim(consumer, make_order, 
     assert queue.leased_members() == []
 
 
-def test_paid_order_whose_unschedule_was_lost_is_skipped(consumer, make_order, queue):
+def test_pitfall_2_paid_order_whose_zrem_was_lost_is_never_closed(consumer, make_order, queue):
     """Seed pitfall 2, the other way round: ZREM never reached Redis."""
     order = make_order(in_seconds=-1)
     Order.objects.filter(pk=order.pk).update(status=Order.Status.PAID)
@@ -108,7 +108,7 @@ def test_paid_order_whose_unschedule_was_lost_is_skipped(consumer, make_order, q
     assert queue.leased_members() == []
 
 
-def test_extended_deadline_after_claim_is_not_closed_but_rescheduled(consumer, make_order, queue, clock):
+def test_pitfall_5_extended_deadline_after_claim_is_not_closed_but_rescheduled(consumer, make_order, queue, clock):
     """Seed pitfall 5: the customer got more time while the member was in flight."""
     order = make_order(in_seconds=-1)
     worker = consumer()
@@ -210,7 +210,7 @@ def test_member_without_a_row_is_logged_and_dropped(consumer, queue, clock, capl
     assert queue.leased_members() == []
 
 
-def test_claim_takes_at_most_a_batch(consumer, make_order, queue, clock):
+def test_pitfall_4_a_claim_takes_at_most_batch_size(consumer, make_order, queue, clock):
     for _ in range(7):
         make_order(in_seconds=-1)
 

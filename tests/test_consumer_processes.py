@@ -36,7 +36,7 @@ def closed_count(stdout: str) -> int:
 
 
 @pytest.mark.parametrize("lease_seconds", ["30", "0.05"], ids=["lease-30s", "lease-50ms"])
-def test_racing_consumers_close_every_order_exactly_once(consumer_process, queue, lease_seconds):
+def test_pitfall_3_racing_consumers_close_every_order_exactly_once(consumer_process, queue, lease_seconds):
     """Seed pitfall 3: several consumers. With a 50 ms lease, members are handed
     out again while still being closed, so the row lock must settle the race."""
     due_orders(2000)

@@ -1,0 +1,175 @@
+"""The compensation scan: the low-frequency safety net under the Redis trigger (seeds 000, 002).
+
+Close mode finds unpaid orders overdue by more than ``COMPENSATION_GRACE`` and
+closes them through ``closing.close_expired``, the consumer's own path (same
+row locks, same status check, same ``order_expired``). Rebuild mode puts every
+unpaid order missing from Redis back into the pending set, after Redis lost
+its data. Both walk the ``(status, expires_at)`` index in keyset-paginated
+chunks, never OFFSET and never the whole table in memory, and hold a Redis
+lock so two scans never run at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from . import get_order_model
+from .closing import close_expired
+from .codec import deadline_score, order_member
+from .conf import settings
+from .exceptions import QueueUnavailable
+from .models import AbstractTimeoutOrder, Status
+from .queue import TimeoutQueue
+
+logger = logging.getLogger("order_timeout")
+
+# progress(done, total): called after each chunk.
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class ScanResult:
+    mode: str
+    dry_run: bool = False
+    # Another scan held the lock: this one did nothing.
+    skipped: bool = False
+    # False when Redis was unreachable and the close scan ran without the lock.
+    locked: bool = True
+    examined: int = 0
+    closed: int = 0
+    skipped_paid: int = 0
+    not_due: int = 0
+    failed: int = 0
+    # Rebuild: members put back into Redis (or, with dry_run, that would be).
+    restored: int = 0
+    elapsed_ms: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _chunks(queryset: QuerySet[Any], size: int) -> Iterator[list[tuple[Any, datetime]]]:
+    """(pk, expires_at) rows in index order, a chunk at a time, by keyset."""
+    ordered = queryset.order_by("expires_at", "pk").values_list("pk", "expires_at")
+    after: tuple[datetime, Any] | None = None
+    while True:
+        page = ordered
+        if after is not None:
+            page = page.filter(Q(expires_at__gt=after[0]) | Q(expires_at=after[0], pk__gt=after[1]))
+        rows = list(page[:size])
+        if not rows:
+            return
+        yield rows
+        after = (rows[-1][1], rows[-1][0])
+
+
+class CompensationScan:
+    """One run of the scan; ``run()`` takes the lock, walks the index, releases the lock."""
+
+    def __init__(
+        self,
+        *,
+        rebuild: bool = False,
+        dry_run: bool = False,
+        model: type[AbstractTimeoutOrder] | None = None,
+        queue: TimeoutQueue | None = None,
+        now: datetime | None = None,
+        grace: float | None = None,
+        chunk_size: int | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        self.model = model or get_order_model()
+        self.queue = queue or TimeoutQueue.from_settings()
+        self.now = now or timezone.now()
+        self.grace = timedelta(seconds=settings.COMPENSATION_GRACE if grace is None else grace)
+        self.chunk_size = chunk_size or settings.COMPENSATION_CHUNK
+        self.progress = progress
+        self.lock_ms = round(1000 * settings.COMPENSATION_LOCK_SECONDS)
+        self.result = ScanResult(mode="rebuild" if rebuild else "close", dry_run=dry_run)
+
+    def run(self) -> ScanResult:
+        started = timezone.now()
+        token = uuid.uuid4().hex
+        try:
+            if not self.queue.acquire_lock(token, self.lock_ms):
+                logger.info("compensation scan skipped: another scan holds the lock")
+                self.result.skipped = True
+                return self.result
+        except QueueUnavailable:
+            if self.result.mode == "rebuild":
+                raise
+            # The database is the truth: the safety net must work when Redis does not.
+            logger.warning("compensation scan running without its lock: Redis is unreachable",
+                           exc_info=True)
+            self.result.locked = False
+        try:
+            if self.result.mode == "rebuild":
+                self._rebuild(token)
+            else:
+                self._close_overdue(token)
+        finally:
+            if self.result.locked:
+                self.queue.release_lock(token)
+        self.result.elapsed_ms = round((timezone.now() - started).total_seconds() * 1000, 1)
+        logger.info("compensation scan " + " ".join(f"{k}=%s" for k in self.result.as_dict()),
+                    *self.result.as_dict().values(), extra={"scan": self.result.as_dict()})
+        return self.result
+
+    def _walk(self, queryset: QuerySet[Any], token: str) -> Iterator[list[tuple[Any, datetime]]]:
+        total = queryset.count() if self.progress else 0
+        for rows in _chunks(queryset, self.chunk_size):
+            yield rows
+            self.result.examined += len(rows)
+            if self.progress:
+                self.progress(self.result.examined, max(total, self.result.examined))
+            if self.result.locked and not self.queue.renew_lock(token, self.lock_ms):
+                logger.warning("compensation scan lost its lock; stopping so two scans never overlap")
+                return
+
+    def _close_overdue(self, token: str) -> None:
+        overdue = self.model._default_manager.filter(
+            status=Status.UNPAID, expires_at__lt=self.now - self.grace
+        )
+        for rows in self._walk(overdue, token):
+            if self.result.dry_run:
+                continue
+            outcome = close_expired(self.model, [pk for pk, _ in rows], self.now)
+            self.result.closed += len(outcome.closed)
+            self.result.skipped_paid += len(outcome.settled)
+            self.result.not_due += len(outcome.not_due)
+            self.result.failed += len(outcome.failed)
+            for pk, error in outcome.failed.items():
+                logger.warning("compensation scan could not close order=%s error=%s: %s",
+                               pk, type(error).__name__, error, exc_info=error)
+            self._forget([*outcome.closed, *outcome.settled])
+
+    def _forget(self, pks: list[Any]) -> None:
+        """Members of orders settled here need not wait for the consumer to drop them."""
+        if not pks or not self.result.locked:
+            return
+        try:
+            self.queue.unschedule(order_member(pk) for pk in pks)
+        except QueueUnavailable:
+            logger.warning("compensation scan could not clean up Redis", exc_info=True)
+
+    def _rebuild(self, token: str) -> None:
+        unpaid = self.model._default_manager.filter(status=Status.UNPAID)
+        for rows in self._walk(unpaid, token):
+            deadlines = {order_member(pk): deadline_score(expires_at) for pk, expires_at in rows}
+            missing = self.queue.missing(deadlines)
+            if not self.result.dry_run:
+                self.queue.schedule({m: deadlines[m] for m in missing}, only_missing=True)
+            self.result.restored += len(missing)
+
+
+def compensate(**options: Any) -> ScanResult:
+    """Run one compensation scan; see ``CompensationScan`` for the options."""
+    return CompensationScan(**options).run()

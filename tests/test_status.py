@@ -1,0 +1,99 @@
+"""``order_timeout_status``: the numbers, and exit codes that cron and health checks can use."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+from order_timeout.consumer import Consumer
+from order_timeout.models import DeadLetter
+
+from .conftest import PROJECT_ROOT, database_url
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def backlog(make_order, clock):
+    """2 due (1 claimed), 3 pending in the future, 1 open and 1 resolved dead letter."""
+    for seconds in (-30, -20):
+        make_order(in_seconds=seconds)
+    for seconds in (60, 120, 180):
+        make_order(in_seconds=seconds)
+    Consumer(now=clock, batch_size=1).claim(clock())
+    now = timezone.now()
+    for resolved_at in (None, now):
+        DeadLetter.objects.create(order_model="order_timeout.Order", order_id="1", attempts=4,
+                                  error_type="RuntimeError", first_failed_at=now,
+                                  last_failed_at=now, resolved_at=resolved_at)
+
+
+def status(*args):
+    out = io.StringIO()
+    call_command("order_timeout_status", "--json", *args, stdout=out)
+    return json.loads(out.getvalue())
+
+
+def test_status_reports_the_backlog(backlog):
+    numbers = status()
+
+    assert numbers["pending"] == 4
+    assert numbers["due_unclaimed"] == 1
+    assert numbers["leased"] == 1
+    assert 19 <= numbers["oldest_due_age_seconds"] < 60
+    assert numbers["dead_letters"] == 1
+    assert numbers["overdue_unpaid_in_database"] == 2
+
+
+def test_status_prints_a_table_for_people(backlog):
+    out = io.StringIO()
+    call_command("order_timeout_status", stdout=out)
+
+    assert "due unclaimed" in out.getvalue() and "dead letters" in out.getvalue()
+
+
+def test_thresholds_not_crossed_exit_zero(backlog):
+    status("--max-overdue", "2", "--max-age", "3600")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-overdue", "1"], "2 overdue unpaid orders > --max-overdue 1"),
+    (["--max-age", "5"], "oldest due member waited"),
+])
+def test_crossed_threshold_is_a_command_error_with_exit_status_2(backlog, args, message):
+    with pytest.raises(CommandError, match=message) as raised:
+        status(*args)
+
+    assert raised.value.returncode == 2
+
+
+def test_manage_py_exits_2_when_a_threshold_is_crossed(backlog):
+    result = subprocess.run(
+        [sys.executable, "manage.py", "order_timeout_status", "--max-overdue", "0"],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "DATABASE_URL": database_url()},
+    )
+
+    assert result.returncode == 2, result.stderr
+    assert "overdue unpaid in database  2" in result.stdout
+
+
+def test_status_fails_clearly_when_redis_is_down(private_redis):
+    private_redis.stop()
+
+    with pytest.raises(CommandError, match="Cannot read the queue") as raised:
+        status()
+
+    assert raised.value.returncode == 1
+
+
+def test_bad_threshold_is_a_command_error():
+    with pytest.raises(CommandError, match="--max-age"):
+        call_command("order_timeout_status", "--max-age", "-3")
