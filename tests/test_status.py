@@ -60,12 +60,13 @@ def test_status_prints_a_table_for_people(backlog):
 
 
 def test_thresholds_not_crossed_exit_zero(backlog):
-    status("--max-overdue", "2", "--max-age", "3600")
+    status("--max-overdue", "2", "--max-age", "3600", "--max-dead-letters", "1")
 
 
 @pytest.mark.parametrize("args, message", [
     (["--max-overdue", "1"], "2 overdue unpaid orders > --max-overdue 1"),
     (["--max-age", "5"], "oldest due member waited"),
+    (["--max-dead-letters", "0"], "1 open dead letters > --max-dead-letters 0"),
 ])
 def test_crossed_threshold_is_a_command_error_with_exit_status_2(backlog, args, message):
     with pytest.raises(CommandError, match=message) as raised:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from argparse import ArgumentTypeError
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -19,8 +20,6 @@ THRESHOLD_CROSSED = 2
 
 
 def non_negative(text: str) -> float:
-    from argparse import ArgumentTypeError
-
     try:
         value = float(text)
     except ValueError:
@@ -31,7 +30,8 @@ def non_negative(text: str) -> float:
 
 
 class Command(BaseCommand):
-    help = "Print the timeout queue's backlog; exit 2 when --max-overdue or --max-age is crossed."
+    help = ("Print the timeout queue's backlog; exit 2 when --max-overdue, --max-age or "
+            "--max-dead-letters is crossed.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="One JSON object, for machines.")
@@ -41,6 +41,8 @@ class Command(BaseCommand):
         parser.add_argument("--max-age", type=non_negative, default=None,
                             help="Fail when the oldest due member has waited longer than this "
                                  "many seconds to be claimed.")
+        parser.add_argument("--max-dead-letters", type=non_negative, default=None,
+                            help="Fail when more dead letters than this wait for staff.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         now = timezone.now()
@@ -76,5 +78,9 @@ class Command(BaseCommand):
         if options["max_age"] is not None and status["oldest_due_age_seconds"] > options["max_age"]:
             crossed.append(f"oldest due member waited {status['oldest_due_age_seconds']:g}s "
                            f"> --max-age {options['max_age']:g}")
+        if options["max_dead_letters"] is not None and \
+                status["dead_letters"] > options["max_dead_letters"]:
+            crossed.append(f"{status['dead_letters']} open dead letters "
+                           f"> --max-dead-letters {options['max_dead_letters']:g}")
         if crossed:
             raise CommandError("; ".join(crossed), returncode=THRESHOLD_CROSSED)
