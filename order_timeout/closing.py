@@ -40,9 +40,13 @@ def close_expired(
 
     One transaction locks all rows (``select_for_update``), so a payment
     racing this close waits for it and then finds the order closed, or won
-    first and is seen here as paid. Each close and its ``order_expired``
-    receivers run in a savepoint: a receiver that raises undoes that order
-    alone. The status condition under the lock makes closing twice impossible.
+    first and is seen here as paid. The status condition under the lock makes
+    closing twice impossible.
+
+    The due orders are closed with one UPDATE and their ``order_expired``
+    receivers run inside one savepoint. Only if a receiver raises is that
+    savepoint rolled back and the batch closed again order by order, each in
+    its own savepoint, so the order whose receiver raises stays open alone.
     """
     outcome = CloseOutcome()
     if not pks:
@@ -51,6 +55,7 @@ def close_expired(
     manager = model._default_manager.db_manager(using)
     with transaction.atomic(using=using):
         rows = {order.pk: order for order in manager.select_for_update().filter(pk__in=pks)}
+        due: list[AbstractTimeoutOrder] = []
         for pk in pks:
             order = rows.get(pk)
             if order is None:
@@ -60,23 +65,66 @@ def close_expired(
             elif order.expires_at > now:
                 outcome.not_due[pk] = order.expires_at
             else:
-                try:
-                    with transaction.atomic(using=using):
-                        _close(manager, order, now)
-                except Exception as exc:
-                    if transaction.get_connection(using).needs_rollback:
-                        # The savepoint could not be rolled back: the connection
-                        # is gone. Abort the batch; its members stay leased.
-                        raise
-                    outcome.failed[pk] = exc
-                else:
-                    outcome.closed.append(pk)
+                due.append(order)
+        if due:
+            try:
+                with transaction.atomic(using=using):
+                    _close(manager, due, now)
+            except _ReceiverFailed as failure:
+                if _connection_broken(using):
+                    raise failure.error from None
+                # This order's try has failed; the rest of the batch goes on.
+                outcome.failed[failure.order.pk] = failure.error
+                rest = [order for order in due if order is not failure.order]
+                _close_one_by_one(manager, rest, now, outcome, using)
+            except Exception:
+                if _connection_broken(using):
+                    raise
+                _close_one_by_one(manager, due, now, outcome, using)
+            else:
+                outcome.closed.extend(order.pk for order in due)
     return outcome
 
 
-def _close(manager: Any, order: AbstractTimeoutOrder, now: datetime) -> None:
+class _ReceiverFailed(Exception):
+    """A receiver of ``order_expired`` raised ``error`` for ``order``."""
+
+    def __init__(self, order: AbstractTimeoutOrder, error: Exception) -> None:
+        super().__init__(order.pk, error)
+        self.order, self.error = order, error
+
+
+def _connection_broken(using: str) -> bool:
+    """True when a savepoint could not be rolled back: the connection is gone.
+
+    The caller then re-raises, the whole batch rolls back and its members stay leased.
+    """
+    return transaction.get_connection(using).needs_rollback
+
+
+def _close_one_by_one(manager: Any, due: list[AbstractTimeoutOrder], now: datetime,
+                      outcome: CloseOutcome, using: str) -> None:
+    for order in due:
+        try:
+            with transaction.atomic(using=using):
+                _close(manager, [order], now)
+        except Exception as exc:
+            error = exc.error if isinstance(exc, _ReceiverFailed) else exc
+            if _connection_broken(using):
+                raise error from None
+            outcome.failed[order.pk] = error
+        else:
+            outcome.closed.append(order.pk)
+
+
+def _close(manager: Any, orders: list[AbstractTimeoutOrder], now: datetime) -> None:
     values = {"status": Status.CLOSED, "closed_at": now, "close_reason": TIMEOUT_REASON}
-    manager.filter(pk=order.pk).update(**values)
-    for name, value in values.items():
-        setattr(order, name, value)
-    order_expired.send(sender=type(order), order=order)
+    manager.filter(pk__in=[order.pk for order in orders], status=Status.UNPAID).update(**values)
+    sender = type(orders[0])
+    for order in orders:
+        for name, value in values.items():
+            setattr(order, name, value)
+        try:
+            order_expired.send(sender=sender, order=order)
+        except Exception as exc:
+            raise _ReceiverFailed(order, exc) from exc
