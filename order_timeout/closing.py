@@ -7,15 +7,19 @@ to each key, so the caller can ack, reschedule or retry.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import router, transaction
+from django.db import Error as DatabaseError, OperationalError, connections, router, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .models import TIMEOUT_REASON, AbstractTimeoutOrder, Status
 from .signals import order_expired
+
+logger = logging.getLogger("order_timeout")
 
 
 @dataclass
@@ -32,11 +36,76 @@ class CloseOutcome:
     # Closing raised (a receiver, usually): pk -> the exception; the order stays open.
     failed: dict[Any, BaseException] = field(default_factory=dict)
 
+    def merge(self, other: CloseOutcome) -> None:
+        self.closed += other.closed
+        self.settled += other.settled
+        self.missing += other.missing
+        self.not_due.update(other.not_due)
+        self.failed.update(other.failed)
+
 
 def close_expired(
     model: type[AbstractTimeoutOrder], pks: Sequence[Any], now: datetime
 ) -> CloseOutcome:
     """Close the orders among ``pks`` that are still unpaid and due at ``now``.
+
+    If the batch's transaction fails as a whole (a deadlock, a lost
+    connection, a receiver that broke the transaction) while the database
+    still answers, each order is tried again in a transaction of its own, so
+    one bad order cannot hold back the rest of its batch for ever; the orders
+    that fail then are reported failed. Only when the database does not answer
+    is a database error raised: nothing was closed, the caller retries later.
+    """
+    using = router.db_for_write(model)
+    try:
+        return _close_batch(model, pks, now, using)
+    except Exception as exc:
+        batch_error = exc
+    connection = connections[using]
+    if connection.in_atomic_block:
+        # The caller's transaction is broken too; only the caller can roll it back.
+        raise batch_error
+    if not _database_answers(connection):
+        raise _unreachable(batch_error)
+    outcome = CloseOutcome()
+    if len(pks) == 1:
+        outcome.failed[pks[0]] = batch_error
+        return outcome
+    logger.warning("Closing a batch of %d failed as a whole (%s: %s); closing its orders one by one.",
+                   len(pks), type(batch_error).__name__, batch_error)
+    for pk in pks:
+        try:
+            outcome.merge(_close_batch(model, [pk], now, using))
+        except Exception as exc:
+            if not _database_answers(connection):
+                raise _unreachable(exc)
+            outcome.failed[pk] = exc
+    return outcome
+
+
+def _unreachable(error: Exception) -> DatabaseError:
+    """The error to raise when the database stopped answering: always a database error."""
+    if isinstance(error, DatabaseError):
+        return error
+    wrapped = OperationalError(f"the database stopped answering while closing orders: {error}")
+    wrapped.__cause__ = error
+    return wrapped
+
+
+def _database_answers(connection: BaseDatabaseWrapper) -> bool:
+    """Reconnect if needed; False when the database cannot be reached."""
+    try:
+        connection.close_if_unusable_or_obsolete()
+        connection.ensure_connection()
+        return connection.is_usable()
+    except DatabaseError:
+        return False
+
+
+def _close_batch(
+    model: type[AbstractTimeoutOrder], pks: Sequence[Any], now: datetime, using: str
+) -> CloseOutcome:
+    """One transaction: lock, re-check and close ``pks``.
 
     One transaction locks all rows (``select_for_update``), so a payment
     racing this close waits for it and then finds the order closed, or won
@@ -51,7 +120,6 @@ def close_expired(
     outcome = CloseOutcome()
     if not pks:
         return outcome
-    using = router.db_for_write(model)
     manager = model._default_manager.db_manager(using)
     with transaction.atomic(using=using):
         rows = {order.pk: order for order in manager.select_for_update().filter(pk__in=pks)}

@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
+from django.utils import timezone
 
 from order_timeout import schedule
 from order_timeout.codec import deadline_score, now_score
@@ -237,8 +238,9 @@ def test_idle_consumer_sleeps_max_wait_when_nothing_is_pending(consumer, clock):
     assert worker._idle_wait(worker.claim(clock()).next_score) == 0.7
 
 
-def test_lost_database_connection_is_logged_and_retried(make_order, receiver, caplog):
-    """The first close kills its own database connection; the consumer recovers."""
+def test_lost_database_connection_is_logged_and_retried(make_order, receiver, settings, caplog):
+    """The first close kills its own database connection; the order is retried and closes."""
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "RETRY_DELAYS": [0.2]}
     order = make_order(in_seconds=-1)
     kills = []
 
@@ -249,7 +251,7 @@ def test_lost_database_connection_is_logged_and_retried(make_order, receiver, ca
             with connection.cursor() as cursor:
                 cursor.execute(f"KILL {kills[0]}")
 
-    worker = Consumer(lease_seconds=0.3, max_wait=0.05)
+    worker = Consumer(max_wait=0.05)
     thread = threading.Thread(target=worker.run)
     with caplog.at_level(logging.WARNING, logger="order_timeout"):
         thread.start()
@@ -260,9 +262,60 @@ def test_lost_database_connection_is_logged_and_retried(make_order, receiver, ca
             thread.join(10)
 
     assert not thread.is_alive()
-    assert kills and worker.stats.errors >= 1
-    assert "retrying" in caplog.text
+    assert kills and worker.stats.failed == 1
+    assert "close failed" in caplog.text and "attempt=1" in caplog.text
     assert expiries(order) == 1
+
+
+def test_consumer_survives_the_database_going_away(make_order, caplog):
+    """The database cannot be reached at all: logged, retried with backoff, no attempt counted."""
+    order = make_order(in_seconds=-1)
+    # A short lease, so the member comes back and the consumer tries (and fails) again.
+    worker = Consumer(max_wait=0.05, lease_seconds=0.3)
+
+    def run_against_a_dead_database():
+        # Connections are per thread: only this thread's points at a closed port.
+        dead = connections["default"]
+        dead.settings_dict = {**dead.settings_dict, "HOST": "127.0.0.1", "PORT": 1}
+        worker.run()
+
+    thread = threading.Thread(target=run_against_a_dead_database)
+    with caplog.at_level(logging.ERROR, logger="order_timeout"):
+        thread.start()
+        try:
+            wait_for(lambda: worker.stats.errors >= 2, timeout=20)
+        finally:
+            worker.request_stop()
+            thread.join(10)
+
+    assert not thread.is_alive()
+    assert "retrying" in caplog.text
+    assert worker.stats.failed == 0 and worker.stats.closed == 0
+    assert Order.objects.get(pk=order.pk).status == "unpaid"
+    # Nothing lost: the member is still there for a consumer that reaches the database.
+    Consumer(now=Clock(timezone.now() + timedelta(seconds=1))).run(once=True)
+    assert Order.objects.get(pk=order.pk).status == "closed"
+
+
+def test_a_receiver_that_breaks_the_transaction_holds_back_only_its_own_order(
+        consumer, make_order, receiver, queue, clock):
+    """As a deadlock does: the whole transaction is gone, not only the savepoint."""
+    orders = [make_order(in_seconds=-1) for _ in range(3)]
+    unlucky = orders[1]
+
+    @receiver
+    def roll_everything_back(sender, order, **kwargs):
+        if order.pk == unlucky.pk:
+            with connection.cursor() as cursor:
+                cursor.execute("ROLLBACK")
+            raise RuntimeError("Deadlock found when trying to get lock")
+
+    stats = consumer().run(once=True)
+
+    assert [Order.objects.get(pk=o.pk).status for o in orders] == ["closed", "unpaid", "closed"]
+    assert stats.failed == 1
+    assert queue.score_of(str(unlucky.pk)) == now_score(clock()) + 10_000
+    assert expiries(orders[0]) == expiries(orders[2]) == 1
 
 
 def test_lost_redis_is_logged_and_retried_until_it_returns(private_redis, make_order, caplog):
