@@ -3,8 +3,8 @@
 Close mode finds unpaid orders overdue by more than ``COMPENSATION_GRACE`` and
 closes them through ``closing.close_expired``, the consumer's own path (same
 row locks, same status check, same ``order_expired``). Rebuild mode puts every
-unpaid order missing from Redis back into the pending set, after Redis lost
-its data. Both walk the ``(status, expires_at)`` index in keyset-paginated
+unpaid order with a future deadline that is missing from Redis back into the
+pending set, after Redis lost its data. Both walk the ``(status, expires_at)`` index in keyset-paginated
 chunks, never OFFSET and never the whole table in memory, and hold a Redis
 lock so two scans never run at once.
 """
@@ -18,10 +18,11 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import router
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from . import get_order_model
+from . import deadletters, get_order_model
 from .closing import close_expired
 from .codec import deadline_score, order_member
 from .conf import settings
@@ -41,8 +42,11 @@ class ScanResult:
     dry_run: bool = False
     # Another scan held the lock: this one did nothing.
     skipped: bool = False
-    # False when Redis was unreachable and the close scan ran without the lock.
+    # False when Redis was unreachable and the close scan ran (on) without the lock.
     locked: bool = True
+    # The lock expired under us (a chunk outlived COMPENSATION_LOCK_SECONDS) and
+    # another scan may have taken it: this one stopped early.
+    lock_lost: bool = False
     examined: int = 0
     closed: int = 0
     skipped_paid: int = 0
@@ -116,8 +120,7 @@ class CompensationScan:
             else:
                 self._close_overdue(token)
         finally:
-            if self.result.locked:
-                self.queue.release_lock(token)
+            self._release(token)
         self.result.elapsed_ms = round((timezone.now() - started).total_seconds() * 1000, 1)
         logger.info("compensation scan " + " ".join(f"{k}=%s" for k in self.result.as_dict()),
                     *self.result.as_dict().values(), extra={"scan": self.result.as_dict()})
@@ -126,18 +129,47 @@ class CompensationScan:
     def _walk(self, queryset: QuerySet[Any], token: str) -> Iterator[list[tuple[Any, datetime]]]:
         total = queryset.count() if self.progress else 0
         for rows in _chunks(queryset, self.chunk_size):
+            # Renewed before each chunk, so the lock outlives any chunk that
+            # takes less than COMPENSATION_LOCK_SECONDS.
+            if not self._renew(token):
+                return
             yield rows
             self.result.examined += len(rows)
             if self.progress:
                 self.progress(self.result.examined, max(total, self.result.examined))
-            if self.result.locked and not self.queue.renew_lock(token, self.lock_ms):
-                logger.warning("compensation scan lost its lock; stopping so two scans never overlap")
-                return
+
+    def _renew(self, token: str) -> bool:
+        """Keep the lock; False when another scan may hold it now, so this one stops."""
+        if not self.result.locked:
+            return True
+        try:
+            if self.queue.renew_lock(token, self.lock_ms):
+                return True
+        except QueueUnavailable:
+            if self.result.mode == "rebuild":
+                raise
+            logger.warning("compensation scan lost Redis; going on without the lock", exc_info=True)
+            self.result.locked = False
+            return True
+        logger.warning("compensation scan lost its lock (a chunk outlived it); stopping")
+        self.result.lock_lost = True
+        return False
+
+    def _release(self, token: str) -> None:
+        if not self.result.locked or self.result.lock_lost:
+            return
+        try:
+            self.queue.release_lock(token)
+        except QueueUnavailable:
+            # It expires by itself after COMPENSATION_LOCK_SECONDS.
+            logger.warning("compensation scan could not release its lock", exc_info=True)
+
+    def _orders(self) -> QuerySet[Any]:
+        # The primary: a replica may lag behind the closes this scan makes.
+        return self.model._default_manager.db_manager(router.db_for_write(self.model)).all()
 
     def _close_overdue(self, token: str) -> None:
-        overdue = self.model._default_manager.filter(
-            status=Status.UNPAID, expires_at__lt=self.now - self.grace
-        )
+        overdue = self._orders().filter(status=Status.UNPAID, expires_at__lt=self.now - self.grace)
         for rows in self._walk(overdue, token):
             if self.result.dry_run:
                 continue
@@ -150,6 +182,7 @@ class CompensationScan:
                 logger.warning("compensation scan could not close order=%s error=%s: %s",
                                pk, type(error).__name__, error, exc_info=error)
             self._forget([*outcome.closed, *outcome.settled])
+            deadletters.resolve_settled(self.model, outcome.closed, outcome.settled, self.now)
 
     def _forget(self, pks: list[Any]) -> None:
         """Members of orders settled here need not wait for the consumer to drop them."""
@@ -161,13 +194,18 @@ class CompensationScan:
             logger.warning("compensation scan could not clean up Redis", exc_info=True)
 
     def _rebuild(self, token: str) -> None:
-        unpaid = self.model._default_manager.filter(status=Status.UNPAID)
-        for rows in self._walk(unpaid, token):
+        # Future deadlines only: overdue orders are the close scan's (and a
+        # dead-lettered one must not be retried behind the staff's back).
+        upcoming = self._orders().filter(status=Status.UNPAID, expires_at__gt=self.now)
+        for rows in self._walk(upcoming, token):
             deadlines = {order_member(pk): deadline_score(expires_at) for pk, expires_at in rows}
             missing = self.queue.missing(deadlines)
-            if not self.result.dry_run:
-                self.queue.schedule({m: deadlines[m] for m in missing}, only_missing=True)
-            self.result.restored += len(missing)
+            if self.result.dry_run:
+                self.result.restored += len(missing)
+            else:
+                # NX: a member that came back since missing() keeps its score.
+                self.result.restored += self.queue.schedule(
+                    {m: deadlines[m] for m in missing}, only_missing=True)
 
 
 def compensate(**options: Any) -> ScanResult:

@@ -51,6 +51,10 @@ def record(model: type[AbstractTimeoutOrder], failures: Sequence[Failure], now: 
     """Write (or update) one open dead letter per failed order."""
     label = model._meta.label
     with transaction.atomic(using=_db()):
+        # Lock the orders: two consumers burying the same order (a lease that
+        # ran out mid-batch) then write one letter, not two.
+        list(model._default_manager.db_manager(_db()).select_for_update()
+             .filter(pk__in=[failure.pk for failure in failures]).values_list("pk"))
         for failure in failures:
             error_type, last_error = _describe(failure.error)
             values = {"attempts": failure.attempts, "error_type": error_type,
@@ -73,9 +77,25 @@ def _open_by_model(
     return grouped
 
 
-def _resolve(letter: DeadLetter, resolution: str, user: Any, now: datetime) -> None:
-    letter.resolution, letter.resolved_by, letter.resolved_at = resolution, user, now
-    letter.save(update_fields=["resolution", "resolved_by", "resolved_at"])
+def _resolve(letter: DeadLetter, resolution: str, user: Any, now: datetime) -> bool:
+    """Resolve an open letter; False if someone resolved it first (two staff, one click each)."""
+    resolved = DeadLetter.objects.filter(pk=letter.pk, resolved_at__isnull=True).update(
+        resolution=resolution, resolved_by=user, resolved_at=now)
+    if resolved:
+        letter.resolution, letter.resolved_by, letter.resolved_at = resolution, user, now
+    return bool(resolved)
+
+
+def resolve_settled(model: type[AbstractTimeoutOrder], closed: Sequence[Any],
+                    settled: Sequence[Any], now: datetime) -> None:
+    """Resolve the open letters of orders closed or settled outside the admin (by the scan)."""
+    for pks, resolution in ((closed, DeadLetter.Resolution.CLOSED),
+                            (settled, DeadLetter.Resolution.SETTLED)):
+        if pks:
+            DeadLetter.objects.filter(
+                order_model=model._meta.label, order_id__in=[str(pk) for pk in pks],
+                resolved_at__isnull=True,
+            ).update(resolution=resolution, resolved_at=now)
 
 
 def requeue(letters: Iterable[DeadLetter], user: Any, now: datetime,
@@ -89,19 +109,22 @@ def requeue(letters: Iterable[DeadLetter], user: Any, now: datetime,
     queue = queue or TimeoutQueue.from_settings()
     counts: Counter[str] = Counter()
     for model, group in _open_by_model(letters).items():
-        with transaction.atomic(using=_db()):
-            rows = model._default_manager.in_bulk([letter.order_id for letter in group])
+        using = router.db_for_write(model)
+        with transaction.atomic(using=using), transaction.atomic(using=_db()):
+            # Locked, so a payment racing the requeue waits, and then the
+            # consumer's own check sees it paid.
+            rows = model._default_manager.db_manager(using).select_for_update().in_bulk(
+                [letter.order_id for letter in group])
             deadlines: dict[str, int] = {}
             for letter in group:
                 order = rows.get(model._meta.pk.to_python(letter.order_id))
                 if order is None:
                     counts["missing"] += 1
                 elif order.status != Status.UNPAID:
-                    _resolve(letter, DeadLetter.Resolution.SETTLED, user, now)
-                    counts["settled"] += 1
-                else:
+                    if _resolve(letter, DeadLetter.Resolution.SETTLED, user, now):
+                        counts["settled"] += 1
+                elif _resolve(letter, DeadLetter.Resolution.REQUEUED, user, now):
                     deadlines[order_member(order.pk)] = deadline_score(order.expires_at)
-                    _resolve(letter, DeadLetter.Resolution.REQUEUED, user, now)
                     counts["requeued"] += 1
             queue.schedule(deadlines)
     return counts
@@ -116,6 +139,7 @@ def close_now(letters: Iterable[DeadLetter], user: Any, now: datetime,
         outcome = close_expired(model, list(by_pk), now)
         with transaction.atomic(using=_db()):
             for pk in outcome.closed:
+                # Unconditional in effect: the close happened, whoever resolved the letter.
                 _resolve(by_pk[pk], DeadLetter.Resolution.CLOSED, user, now)
             for pk in outcome.settled:
                 _resolve(by_pk[pk], DeadLetter.Resolution.SETTLED, user, now)

@@ -53,6 +53,19 @@ class AbstractTimeoutOrder(models.Model):
         # The compensation scan and the admin's "overdue" view walk this index.
         indexes = [models.Index(fields=["status", "expires_at"])]
 
+    @classmethod
+    def from_db(cls, db: str | None, field_names: Any, values: Any) -> Any:
+        instance = super().from_db(db, field_names, values)
+        instance._remember_queue_state()
+        return instance
+
+    def _remember_queue_state(self) -> None:
+        """What the queue last saw of this row, so an unrelated save leaves Redis alone."""
+        self._queue_state = (self.__dict__.get("status"), self.__dict__.get("expires_at"))
+
+    def queue_state_changed(self) -> bool:
+        return getattr(self, "_queue_state", None) != (self.status, self.expires_at)
+
     def save(self, *args: Any, **kwargs: Any) -> None:
         """Save, refusing to write over a row that was paid or closed since this object was loaded.
 
@@ -84,6 +97,7 @@ class AbstractTimeoutOrder(models.Model):
         if updated:
             for name, value in values.items():
                 setattr(self, name, value)
+            self._remember_queue_state()
             return True
         current = manager.filter(pk=self.pk).values_list("status", flat=True).first()
         if current is None:

@@ -55,7 +55,9 @@ class QueueStats:
     pending: int
     due: int
     leased: int
-    # Score of the earliest due member still waiting to be claimed, or None.
+    # Leases that ran out: their consumer died, they wait for the next claim.
+    expired_leases: int
+    # Score of the earliest due member (or expired lease) still waiting to be claimed, or None.
     oldest_due_ms: int | None
 
 
@@ -195,10 +197,14 @@ class TimeoutQueue:
             pipe.zcard(self.keys.pending)
             pipe.zcount(self.keys.pending, "-inf", now_ms)
             pipe.zcard(self.keys.leased)
+            pipe.zcount(self.keys.leased, "-inf", now_ms)
             pipe.zrange(self.keys.pending, 0, 0, withscores=True)
-            pending, due, leased, first = pipe.execute()
-        oldest = int(first[0][1]) if first and first[0][1] <= now_ms else None
-        return QueueStats(pending=pending, due=due, leased=leased, oldest_due_ms=oldest)
+            pipe.zrange(self.keys.leased, 0, 0, withscores=True)
+            pending, due, leased, expired, first_pending, first_lease = pipe.execute()
+        waiting = [int(first[0][1]) for first in (first_pending, first_lease)
+                   if first and first[0][1] <= now_ms]
+        return QueueStats(pending=pending, due=due, leased=leased, expired_leases=expired,
+                          oldest_due_ms=min(waiting) if waiting else None)
 
     # -- a lock for jobs that must not overlap (the compensation scan) ----
 

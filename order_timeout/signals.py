@@ -28,6 +28,11 @@ def order_saved(sender: Any, instance: Any, raw: bool = False,
         return
     if update_fields is not None and not _QUEUE_FIELDS & set(update_fields):
         return
+    # Unchanged status and deadline: leave Redis alone, so that a save during
+    # a retry's backoff does not pull the retry forward to the old deadline.
+    if not kwargs.get("created") and not instance.queue_state_changed():
+        return
+    instance._remember_queue_state()
     schedule([instance])
 
 

@@ -20,7 +20,9 @@ from testproject.shop.models import Expiry
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_pitfall_1_redis_data_loss_is_healed_by_rebuild_and_the_scan(make_order, queue, redis_client):
+def test_pitfall_1_redis_data_loss_is_healed_by_rebuild_and_the_scan(make_order, queue, redis_client,
+                                                                     settings):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "COMPENSATION_CHUNK": 2}
     future = [make_order(in_seconds=600 + i) for i in range(5)]
     overdue = [make_order(in_seconds=-120) for _ in range(3)]
     paid = make_order(in_seconds=600)
@@ -32,7 +34,7 @@ def test_pitfall_1_redis_data_loss_is_healed_by_rebuild_and_the_scan(make_order,
 
     assert {queue.score_of(str(o.pk)) for o in future} == {deadline_score(o.expires_at) for o in future}
     assert queue.score_of(str(paid.pk)) is None
-    assert "8 unpaid orders examined, 8 put back into Redis" in out.getvalue()
+    assert "5 unpaid orders with a future deadline examined, 5 put back into Redis" in out.getvalue()
 
     call_command("order_timeout_compensate", stdout=out)
 
@@ -89,6 +91,7 @@ def test_scan_never_closes_a_paid_order(make_order):
 
 def test_dry_run_changes_nothing(make_order, queue, redis_client):
     overdue = make_order(in_seconds=-600)
+    make_order(in_seconds=600)
     redis_client.flushdb()
 
     scan = compensate(dry_run=True)
@@ -100,15 +103,86 @@ def test_dry_run_changes_nothing(make_order, queue, redis_client):
     assert queue.pending_count() == 0
 
 
-def test_rebuild_leaves_a_pending_retry_at_its_backoff(make_order, queue, clock):
-    order = make_order(in_seconds=-1)
+def test_rebuild_leaves_members_already_in_redis_alone(make_order, queue, clock):
+    waiting = make_order(in_seconds=60)
+    in_flight = make_order(in_seconds=120)
     retry_at = deadline_score(clock() + timedelta(seconds=30))
-    queue.schedule({str(order.pk): retry_at})
+    queue.schedule({str(waiting.pk): retry_at})
+    queue.client.zrem(queue.keys.pending, str(in_flight.pk))
+    queue.client.zadd(queue.keys.leased, {str(in_flight.pk): retry_at})
 
     result = compensate(rebuild=True)
 
-    assert result.restored == 0
-    assert queue.score_of(str(order.pk)) == retry_at
+    assert (result.examined, result.restored) == (2, 0)
+    assert queue.score_of(str(waiting.pk)) == retry_at
+    assert queue.score_of(str(in_flight.pk)) is None  # still leased, not pending twice
+
+
+def test_rebuild_skips_overdue_orders_which_are_the_scans(make_order, queue, redis_client):
+    make_order(in_seconds=-600)
+    redis_client.flushdb()
+
+    result = compensate(rebuild=True)
+
+    assert (result.examined, result.restored) == (0, 0)
+    assert queue.pending_count() == 0
+
+
+def test_scan_pages_through_orders_sharing_one_deadline(make_order, clock):
+    deadline = clock() - timedelta(minutes=10)
+    for _ in range(7):
+        Order.objects.create(expires_at=deadline)
+
+    result = compensate(dry_run=True, chunk_size=2)
+
+    assert result.examined == 7
+
+
+def test_scan_resolves_the_dead_letter_of_an_order_it_closes(make_order, clock):
+    from order_timeout.models import DeadLetter
+
+    order = make_order(in_seconds=-600)
+    letter = DeadLetter.objects.create(
+        order_model="order_timeout.Order", order_id=str(order.pk), attempts=4,
+        error_type="RuntimeError", first_failed_at=clock(), last_failed_at=clock())
+
+    compensate()
+
+    letter.refresh_from_db()
+    assert letter.resolution == DeadLetter.Resolution.CLOSED and letter.is_resolved
+
+
+def test_scan_whose_lock_expires_during_a_chunk_stops_and_says_so(make_order, settings):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "COMPENSATION_LOCK_SECONDS": 0.2}
+    orders = [make_order(in_seconds=-600 - i) for i in range(3)]
+
+    def slow(sender, order, **kwargs):
+        threading.Event().wait(0.3)
+
+    order_expired.connect(slow, weak=False)
+    try:
+        result = compensate(chunk_size=1)
+    finally:
+        order_expired.disconnect(slow)
+
+    assert result.lock_lost and result.examined == 1 and result.closed == 1
+    assert [Order.objects.get(pk=o.pk).status for o in orders].count("closed") == 1
+
+
+def test_scan_goes_on_without_its_lock_when_redis_goes_away_mid_scan(private_redis, make_order):
+    orders = [make_order(in_seconds=-600 - i) for i in range(3)]
+
+    def redis_dies(sender, order, **kwargs):
+        private_redis.stop()
+
+    order_expired.connect(redis_dies, weak=False)
+    try:
+        result = compensate(chunk_size=1)
+    finally:
+        order_expired.disconnect(redis_dies)
+
+    assert result.closed == 3 and result.locked is False
+    assert all(Order.objects.get(pk=o.pk).status == "closed" for o in orders)
 
 
 def test_two_scans_started_together_one_runs_one_skips(make_order):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 import pytest
@@ -251,3 +252,52 @@ def test_dead_letter_changelist_searches_and_filters(short_retries, failing_rece
     assert found.status_code == 200
     assert len(found.context["cl"].result_list) == 1
     assert len(not_found.context["cl"].result_list) == 0
+
+
+def test_close_now_needs_the_permission(short_retries, failing_receiver, consumer, make_order,
+                                        clock, client):
+    order = make_order(in_seconds=-1)
+    letter = dead_letter_for(order, failing_receiver, clock, consumer)
+    failing_receiver.failing.clear()
+    client.force_login(staff("intern", "requeue_deadletter"))
+
+    changelist = client.get(reverse(CHANGELIST))
+    post_action(client, "close_now", letter)
+
+    assert 'value="close_now"' not in changelist.text and 'value="requeue"' in changelist.text
+    assert Order.objects.get(pk=order.pk).status == Order.Status.UNPAID
+    letter.refresh_from_db()
+    assert not letter.is_resolved
+
+
+def test_each_batch_and_each_failure_is_logged_in_one_line(short_retries, failing_receiver, consumer,
+                                                           make_order, clock, caplog):
+    failing = make_order(in_seconds=-1)
+    make_order(in_seconds=-1)
+    failing_receiver.failing.add(failing.pk)
+
+    with caplog.at_level(logging.INFO, logger="order_timeout"):
+        consumer().run(once=True)
+
+    batches = [r for r in caplog.records if r.getMessage().startswith("batch ")]
+    failures = [r for r in caplog.records if r.getMessage().startswith("close failed ")]
+    assert len(batches) == 1 and len(failures) == 1
+    assert batches[0].batch == {**batches[0].batch, "claimed": 2, "closed": 1, "skipped_paid": 0,
+                                "rescheduled": 0, "failed": 1, "dead_lettered": 0}
+    assert "elapsed_ms=" in batches[0].getMessage()
+    assert failures[0].order_id == str(failing.pk) and failures[0].attempt == 1
+    assert "error=StockServiceDown" in failures[0].getMessage()
+    assert "next=retry in 1s" in failures[0].getMessage()
+
+
+def test_saving_an_order_during_its_backoff_keeps_the_retry_time(short_retries, failing_receiver,
+                                                                 consumer, make_order, queue, clock):
+    order = make_order(in_seconds=-1)
+    failing_receiver.failing.add(order.pk)
+    consumer().run(once=True)
+    retry_at = queue.score_of(str(order.pk))
+
+    loaded = Order.objects.get(pk=order.pk)
+    loaded.save()
+
+    assert queue.score_of(str(order.pk)) == retry_at

@@ -12,6 +12,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from order_timeout.codec import now_score
 from order_timeout.consumer import Consumer
 from order_timeout.models import DeadLetter
 
@@ -98,3 +99,14 @@ def test_status_fails_clearly_when_redis_is_down(private_redis):
 def test_bad_threshold_is_a_command_error():
     with pytest.raises(CommandError, match="--max-age"):
         call_command("order_timeout_status", "--max-age", "-3")
+
+
+def test_status_counts_expired_leases_as_waiting(make_order, queue, clock):
+    make_order(in_seconds=-30)
+    # Claimed by a consumer that died: its lease ran out a second ago.
+    queue.claim(now_score(clock()), 1, now_score(clock()) - 1000)
+
+    numbers = status()
+
+    assert numbers["leased"] == 1 and numbers["expired_leases"] == 1
+    assert numbers["oldest_due_age_seconds"] >= 1  # since the lease ran out

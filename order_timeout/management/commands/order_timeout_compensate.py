@@ -45,7 +45,7 @@ class Command(BaseCommand):
             return "Skipped: another compensation scan is running."
         would = "would be " if result.dry_run else ""
         if result.mode == "rebuild":
-            text = (f"Rebuild: {result.examined} unpaid orders examined, "
+            text = (f"Rebuild: {result.examined} unpaid orders with a future deadline examined, "
                     f"{result.restored} {would}put back into Redis")
         else:
             text = (f"Scan: {result.examined} overdue unpaid orders found, {result.closed} closed, "
@@ -54,4 +54,6 @@ class Command(BaseCommand):
             if result.dry_run:
                 text = f"Scan (dry run): {result.examined} overdue unpaid orders would be closed"
         lock = "" if result.locked else " (Redis unreachable: ran without the lock)"
+        if result.lock_lost:
+            lock = " (stopped early: the lock expired during a chunk; the next scan goes on)"
         return f"{text} in {result.elapsed_ms / 1000:.1f}s{lock}."

@@ -55,6 +55,7 @@ class Command(BaseCommand):
             "pending": queue.pending,
             "due_unclaimed": queue.due,
             "leased": queue.leased,
+            "expired_leases": queue.expired_leases,
             "oldest_due_age_seconds": (
                 round((now_score(now) - queue.oldest_due_ms) / 1000, 3)
                 if queue.oldest_due_ms is not None else 0.0
