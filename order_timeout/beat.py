@@ -17,9 +17,14 @@ TASK_NAME = "order_timeout.tasks.compensate"
 ENTRY_NAME = "order-timeout-compensate"
 
 
-def beat_schedule() -> dict[str, dict[str, Any]]:
-    """``{name: entry}`` running the scan every ``COMPENSATION_INTERVAL`` seconds."""
-    return {ENTRY_NAME: {"task": TASK_NAME, "schedule": float(settings.COMPENSATION_INTERVAL)}}
+def beat_schedule(interval: float | None = None) -> dict[str, dict[str, Any]]:
+    """``{name: entry}`` running the scan every ``interval`` seconds.
+
+    The default is ``COMPENSATION_INTERVAL``; pass the interval yourself when
+    calling this from a settings module, where settings cannot be read yet.
+    """
+    every = float(settings.COMPENSATION_INTERVAL if interval is None else interval)
+    return {ENTRY_NAME: {"task": TASK_NAME, "schedule": every}}
 
 
 def install_periodic_task() -> Any:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import dj_database_url
 
+from order_timeout.beat import beat_schedule
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 SECRET_KEY = os.environ.get("SECRET_KEY", "order-timeout-test-project-not-secret")
@@ -91,13 +93,9 @@ CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
 CELERY_RESULT_BACKEND = CELERY_BROKER_URL
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "celery")
 
-# Plain Celery beat: the compensation scan every COMPENSATION_INTERVAL seconds
-# (what order_timeout.beat.beat_schedule() returns; settings cannot call it).
+# Plain Celery beat: the compensation scan every COMPENSATION_INTERVAL seconds.
 CELERY_BEAT_SCHEDULE = {
-    "order-timeout-compensate": {
-        "task": "order_timeout.tasks.compensate",
-        "schedule": float(ORDER_TIMEOUT.get("COMPENSATION_INTERVAL", 300)),
-    },
+    **beat_schedule(interval=ORDER_TIMEOUT.get("COMPENSATION_INTERVAL", 300)),
 }
 
 USE_TZ = True

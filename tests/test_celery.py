@@ -30,12 +30,11 @@ def test_beat_entry_runs_the_scan_every_five_minutes_by_default(settings):
     assert beat_schedule() == {ENTRY_NAME: {"task": TASK_NAME, "schedule": 300.0}}
 
 
-def test_plain_celery_beat_schedule_of_the_test_project_names_a_registered_task():
+def test_plain_celery_beat_schedule_reaches_the_celery_app_and_names_a_registered_task():
     celery_app.loader.import_default_modules()
 
-    assert celery_app.conf.beat_schedule == {
-        ENTRY_NAME: {"task": TASK_NAME, "schedule": 300.0}
-    } == django_settings.CELERY_BEAT_SCHEDULE
+    assert django_settings.CELERY_BEAT_SCHEDULE == {ENTRY_NAME: {"task": TASK_NAME, "schedule": 300.0}}
+    assert celery_app.conf.beat_schedule == django_settings.CELERY_BEAT_SCHEDULE
     assert TASK_NAME in celery_app.tasks
 
 
