@@ -17,7 +17,7 @@ from django.db import Error as DatabaseError, OperationalError, connections, rou
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .models import TIMEOUT_REASON, AbstractTimeoutOrder, Status
-from .signals import order_expired
+from .signals import order_expired, orders_expired
 
 logger = logging.getLogger("order_timeout")
 
@@ -196,3 +196,6 @@ def _close(manager: Any, orders: list[AbstractTimeoutOrder], now: datetime) -> N
             order_expired.send(sender=sender, order=order)
         except Exception as exc:
             raise _ReceiverFailed(order, exc) from exc
+    # A batch receiver that raises fails the whole batch; the one-by-one
+    # fallback then gives each order a batch of its own.
+    orders_expired.send(sender=sender, orders=orders)

@@ -1,9 +1,13 @@
-"""The public ``order_expired`` signal, and the receivers that keep Redis in step with rows.
+"""The public signals, and the receivers that keep Redis in step with rows.
 
 ``order_expired(sender=OrderModel, order=order)`` is sent once per order closed
 for its deadline, inside the transaction that closes it: release stock and
 coupons in your receiver and they commit (or roll back) with the close. A
 receiver that raises leaves that order open for another try.
+
+``orders_expired(sender=OrderModel, orders=[...])`` is sent once per closed
+batch, after the per-order signals and in the same transaction, for shops that
+release stock with one query per batch rather than one per order.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Any
 from django.dispatch import Signal
 
 order_expired = Signal()
+orders_expired = Signal()
 
 # Only these fields move an order on or off the queue.
 _QUEUE_FIELDS = frozenset({"status", "expires_at"})

@@ -16,7 +16,7 @@ from order_timeout.codec import deadline_score, now_score
 from order_timeout.consumer import Consumer
 from order_timeout.exceptions import OrderClosed
 from order_timeout.models import Order
-from order_timeout.signals import order_expired
+from order_timeout.signals import order_expired, orders_expired
 from testproject.shop.models import Expiry, Purchase
 
 from .conftest import Clock, wait_for
@@ -457,3 +457,20 @@ def test_claim_of_ten_thousand_members_is_sliced_and_unique(consumer, queue, clo
 def test_consumer_rejects_a_batch_size_outside_the_bounds():
     with pytest.raises(ValueError, match="batch_size"):
         Consumer(batch_size=0)
+
+
+def test_batch_signal_fires_once_per_batch_with_every_closed_order(consumer, make_order):
+    orders = [make_order(in_seconds=-1) for _ in range(5)]
+    batches = []
+
+    def release_in_bulk(sender, orders, **kwargs):
+        batches.append(sorted(o.pk for o in orders))
+
+    orders_expired.connect(release_in_bulk, weak=False)
+    try:
+        consumer(batch_size=3).run(once=True)
+    finally:
+        orders_expired.disconnect(release_in_bulk)
+
+    assert sorted(len(batch) for batch in batches) == [2, 3]
+    assert sorted(pk for batch in batches for pk in batch) == sorted(o.pk for o in orders)
