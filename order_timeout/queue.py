@@ -109,6 +109,10 @@ class TimeoutQueue:
         gone = list(gone)
         if not deadlines and not gone:
             return
+        if not gone:
+            # The common case, an order created or extended: one command, no MULTI.
+            self.schedule(deadlines)
+            return
         with _redis_errors("update the queue"):
             pipe = self.client.pipeline(transaction=True)
             if deadlines:

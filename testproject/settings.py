@@ -26,6 +26,8 @@ INSTALLED_APPS = [
     "order_timeout",
     "testproject.shop",
 ]
+if os.environ.get("BENCH") == "1":  # the benchmark's commit-time recorder (bench/)
+    INSTALLED_APPS.append("bench")
 try:  # django-celery-beat users: see order_timeout.beat.install_periodic_task()
     import django_celery_beat  # noqa: F401
 
@@ -60,7 +62,8 @@ TEMPLATES = [
 DATABASES = {
     "default": dj_database_url.parse(
         os.environ.get("DATABASE_URL", f"sqlite:///{BASE_DIR / 'testproject.sqlite3'}"),
-        conn_max_age=0,
+        # The benchmark keeps connections (as production does); tests and the demo do not.
+        conn_max_age=int(os.environ.get("CONN_MAX_AGE", "0")),
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":

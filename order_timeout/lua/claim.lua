@@ -36,14 +36,33 @@ local function zrem_all(key, members)
   end
 end
 
-local claimed, seen = {}, {}
-local expired = rcall('ZRANGEBYSCORE', leased, '-inf', now, 'LIMIT', 0, limit)
-for _, member in ipairs(expired) do
-  seen[member] = true
-  claimed[#claimed + 1] = member
+-- The earliest { score string, number } of a set, or nil when it is empty.
+local function first(key)
+  local entry = rcall('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if #entry == 0 then return nil end
+  return { entry[2], tonumber(entry[2]) }
 end
 
-if #claimed < limit then
+local function earliest(a, b)
+  if a == nil then return b end
+  if b == nil or a[2] <= b[2] then return a end
+  return b
+end
+
+-- Look before ranging: an idle claim costs two O(log n) reads and nothing else.
+local now_number = tonumber(now)
+local first_leased, first_pending = first(leased), first(pending)
+local claimed, seen = {}, {}
+
+if first_leased and first_leased[2] <= now_number then
+  local expired = rcall('ZRANGEBYSCORE', leased, '-inf', now, 'LIMIT', 0, limit)
+  for _, member in ipairs(expired) do
+    seen[member] = true
+    claimed[#claimed + 1] = member
+  end
+end
+
+if first_pending and first_pending[2] <= now_number and #claimed < limit then
   local due = rcall('ZRANGEBYSCORE', pending, '-inf', now, 'LIMIT', 0, limit - #claimed)
   if #due > 0 then
     zrem_all(pending, due)
@@ -56,16 +75,14 @@ if #claimed < limit then
   end
 end
 
-zadd_all(leased, lease_until, claimed)
-
-local next_score = ''
-local first_pending = rcall('ZRANGE', pending, 0, 0, 'WITHSCORES')
-local first_leased = rcall('ZRANGE', leased, 0, 0, 'WITHSCORES')
-if #first_pending > 0 then next_score = first_pending[2] end
-if #first_leased > 0 and (next_score == '' or tonumber(first_leased[2]) < tonumber(next_score)) then
-  next_score = first_leased[2]
+local next_entry
+if #claimed > 0 then
+  zadd_all(leased, lease_until, claimed)
+  next_entry = earliest(first(pending), first(leased))
+else
+  next_entry = earliest(first_pending, first_leased)
 end
 
-local reply = { next_score }
+local reply = { next_entry and next_entry[1] or '' }
 for _, member in ipairs(claimed) do reply[#reply + 1] = member end
 return reply

@@ -1,0 +1,128 @@
+"""``python -m bench [--quick] [--out DIR] [--systems a,b]``: every system, every workload, one run.
+
+Run through ``scripts/bench``, which starts MariaDB and Redis and points
+DATABASE_URL, REDIS_URL and CELERY_BROKER_URL at databases of the benchmark's
+own (they are emptied here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+os.environ["SHOP_RECORD_EXPIRIES"] = "0"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    from .systems import SYSTEMS
+
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true",
+                        help="Shrink every workload (CI runs this; numbers are not comparable).")
+    parser.add_argument("--out", type=Path, default=Path("bench/out"))
+    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    args = parser.parse_args(argv)
+    unknown = set(args.systems.split(",")) - set(SYSTEMS)
+    if unknown:
+        parser.error(f"unknown system(s) {', '.join(sorted(unknown))}; known: {', '.join(SYSTEMS)}")
+    return args
+
+
+def machine() -> dict[str, Any]:
+    from django.db import connection
+    from django_redis import get_redis_connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT VERSION()")
+        mariadb = cursor.fetchone()[0]
+    memory = next((line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                   if line.startswith("MemTotal")), "?")
+    return {
+        "python": platform.python_version(), "cpus": os.cpu_count(),
+        "memory_gib": round(int(memory) / 2**20, 1) if memory != "?" else None,
+        "cpu": next((line.split(":", 1)[1].strip() for line in
+                     Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "?"),
+        "mariadb": mariadb, "redis": get_redis_connection("default").info()["redis_version"],
+        "django": __import__("django").get_version(),
+    }
+
+
+def main(argv: list[str]) -> int:
+    import django
+
+    django.setup()
+    args = parse_args(argv)
+    from django.core.management import call_command
+
+    from . import report, workloads
+    from .systems import SYSTEMS
+
+    sizes = workloads.QUICK if args.quick else workloads.FULL
+    call_command("migrate", verbosity=0)
+    args.out.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    data: dict[str, Any] = {"quick": args.quick, "machine": machine(), "sizes": sizes.__dict__,
+                            "systems": {}, "errors": {}}
+    chosen = [SYSTEMS[name] for name in args.systems.split(",")]
+
+    workloads.reset()
+    print("measuring the create transaction ...", flush=True)
+    data["create"] = workloads.create_overhead([cls(Path()) for cls in chosen], sizes.create_samples)
+    if "ours" in args.systems.split(","):
+        print("measuring claim latency as the pending set grows ...", flush=True)
+        data["claim_latency"] = workloads.claim_latency(sizes)
+
+    for cls in chosen:
+        record_dir = Path(tempfile.mkdtemp(prefix=f"bench-{cls.name}-"))
+        system = cls(record_dir)
+        workloads.reset()
+        print(f"{system.label}: starting {system.closers}", flush=True)
+        system.start()
+        try:
+            print("  idle ...", flush=True)
+            idle = workloads.idle(system, sizes)
+            workloads.forget_idle_members(system)
+            print("  steady ...", flush=True)
+            steady = workloads.timed(system, "steady", workloads.steady_offsets(sizes), sizes)
+            print("  burst ...", flush=True)
+            burst = workloads.timed(system, "burst", workloads.burst_offsets(sizes), sizes)
+        finally:
+            errors = system.stop()
+        if errors:
+            data["errors"][system.name] = errors
+        data["systems"][system.name] = {
+            "label": system.label, "closers": system.closers, "idle": idle,
+            "steady": workloads.results(steady, system), "burst": workloads.results(burst, system),
+        }
+        shutil.rmtree(record_dir, ignore_errors=True)
+
+    workloads.reset()
+    data["elapsed_s"] = round(time.monotonic() - began, 1)
+    (args.out / "results.json").write_text(json.dumps(data, indent=2, default=str))
+    markdown = report.markdown(data)
+    (args.out / "results.md").write_text(markdown)
+    report.plot(data, args.out / "results.png")
+    print()
+    print(markdown)
+    print(f"Wrote {args.out / 'results.json'}, results.md and results.png "
+          f"in {data['elapsed_s']:.0f} s.")
+    twice = {name: s[kind]["closed_twice"] for name, s in data["systems"].items()
+             for kind in ("steady", "burst") if s[kind]["closed_twice"]}
+    if twice or data["errors"]:
+        print(f"FAILED: orders closed twice {twice}; closer errors {list(data['errors'])}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

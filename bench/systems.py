@@ -1,0 +1,203 @@
+"""The four systems under test: how an order enters each, and how its closers run.
+
+Every system closes the same ``order_timeout.Order`` rows and sends the same
+``order_expired`` signal; they differ in how a deadline is stored and found.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from django.db import transaction
+from django_redis import get_redis_connection
+
+from order_timeout import schedule
+from order_timeout.codec import deadline_score
+from order_timeout.models import Order
+
+from .baselines import SEED_KEY
+
+ROOT = Path(__file__).resolve().parent.parent
+CHUNK = 5000
+# Ids of the idle workload's stand-in orders: far above any real row.
+FAKE_PK = 10**9
+
+
+class System:
+    name = ""
+    label = ""
+    processes = 2
+    # Who closes: for the table.
+    closers = ""
+
+    def __init__(self, record_dir: Path) -> None:
+        self.record_dir = record_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    # -- orders in ------------------------------------------------------
+
+    def enqueue(self, orders: Sequence[Order]) -> None:
+        """Make freshly bulk-created orders known to this system."""
+
+    def enqueue_on_commit(self, order: Order) -> None:
+        """What this system adds to an order's create transaction."""
+
+    def hold_far_future(self, count: int) -> None:
+        """Put ``count`` orders due in an hour into the system (idle workload), cheaply."""
+
+    # -- closers --------------------------------------------------------
+
+    def commands(self) -> list[list[str]]:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        # Persistent connections for every closer: Celery's Django fixup would
+        # otherwise reconnect after every task, and that is not what we measure.
+        env = {**os.environ, "BENCH": "1", "SHOP_RECORD_EXPIRIES": "0", "CONN_MAX_AGE": "600",
+               "BENCH_RECORD_DIR": str(self.record_dir), "PYTHONPATH": str(ROOT)}
+        for command in self.commands():
+            self.procs.append(subprocess.Popen(command, cwd=ROOT, env=env,
+                                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        time.sleep(self.startup_seconds)
+
+    startup_seconds = 2.0
+
+    def stop(self) -> list[str]:
+        """SIGTERM every closer and wait: they write their commit records on the way out."""
+        errors = []
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                _, err = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+            if proc.returncode not in (0, -signal.SIGTERM):
+                errors.append(err.decode(errors="replace")[-2000:])
+        self.procs = []
+        return errors
+
+    def pids(self) -> list[int]:
+        return [proc.pid for proc in self.procs]
+
+
+class Ours(System):
+    name, label = "ours", "django-order-timeout"
+    closers = "2 consumers, batch 500"
+    batch = "500"
+
+    def commands(self) -> list[list[str]]:
+        return [[sys.executable, "manage.py", "run_timeout_consumer", "-v", "0",
+                 "--batch-size", self.batch] for _ in range(self.processes)]
+
+    def enqueue(self, orders: Sequence[Order]) -> None:
+        for start in range(0, len(orders), CHUNK):
+            with transaction.atomic():
+                schedule(orders[start:start + CHUNK])
+
+    def enqueue_on_commit(self, order: Order) -> None:
+        pass  # the app's own post_save receiver does it
+
+    def hold_far_future(self, count: int) -> None:
+        from order_timeout.queue import TimeoutQueue
+
+        queue = TimeoutQueue.from_settings()
+        score = deadline_score(_in_an_hour())
+        for start in range(FAKE_PK, FAKE_PK + count, CHUNK):
+            queue.schedule({str(pk): score for pk in range(start, min(start + CHUNK, FAKE_PK + count))})
+
+
+class Polling(System):
+    name, label = "polling", "seeds: poll the table every 1 s"
+    closers = "1 job (as the seeds run it), 1 tx per order"
+    processes = 1
+
+    def commands(self) -> list[list[str]]:
+        return [[sys.executable, "-m", "bench.baselines", "polling"]]
+
+
+class SeedZset(System):
+    name, label = "seed_zset", "seeds: ZSET + Lua ZREM claim, 1 s poll"
+    closers = "2 pollers, claim 200, 1 tx per order"
+
+    def commands(self) -> list[list[str]]:
+        return [[sys.executable, "-m", "bench.baselines", "seed_zset"]
+                for _ in range(self.processes)]
+
+    def enqueue(self, orders: Sequence[Order]) -> None:
+        client = get_redis_connection("default")
+        for start in range(0, len(orders), CHUNK):
+            client.zadd(SEED_KEY, {str(o.pk): deadline_score(o.expires_at)
+                                   for o in orders[start:start + CHUNK]})
+
+    def enqueue_on_commit(self, order: Order) -> None:
+        client = get_redis_connection("default")
+        transaction.on_commit(
+            lambda: client.zadd(SEED_KEY, {str(order.pk): deadline_score(order.expires_at)}))
+
+    def hold_far_future(self, count: int) -> None:
+        client = get_redis_connection("default")
+        score = deadline_score(_in_an_hour())
+        for start in range(FAKE_PK, FAKE_PK + count, CHUNK):
+            client.zadd(SEED_KEY, {str(pk): score for pk in range(start, min(start + CHUNK, FAKE_PK + count))})
+
+
+class CeleryEta(System):
+    name, label = "celery_eta", "Celery: apply_async(eta=deadline) per order"
+    closers = "1 worker, prefork pool of 2, 1 tx per order"
+    startup_seconds = 4.0
+    processes = 1
+
+    def commands(self) -> list[list[str]]:
+        # Prefork, Celery's default pool: the solo pool fires ETA timers in steps
+        # of ten per loop turn (about 20 tasks/s here), which would be unfair.
+        return [[sys.executable, "-m", "celery", "-A", "bench.celery_eta", "worker",
+                 "--pool=prefork", "--concurrency=2", "-Q", "bench_eta", "--loglevel=WARNING",
+                 "--without-gossip", "--without-mingle", "--without-heartbeat"]]
+
+    def pids(self) -> list[int]:
+        """The worker and its pool children: ETA tasks wait in the parent's memory."""
+        pids = super().pids()
+        for pid in list(pids):
+            children = Path(f"/proc/{pid}/task/{pid}/children")
+            if children.exists():
+                pids += [int(child) for child in children.read_text().split()]
+        return pids
+
+    def enqueue(self, orders: Sequence[Order]) -> None:
+        from .celery_eta import close_order
+
+        for order in orders:
+            close_order.apply_async(args=[order.pk], eta=order.expires_at)
+
+    def enqueue_on_commit(self, order: Order) -> None:
+        from .celery_eta import close_order
+
+        transaction.on_commit(lambda: close_order.apply_async(args=[order.pk], eta=order.expires_at))
+
+    def hold_far_future(self, count: int) -> None:
+        from .celery_eta import close_order
+
+        eta = _in_an_hour()
+        for pk in range(FAKE_PK, FAKE_PK + count):
+            close_order.apply_async(args=[pk], eta=eta)
+
+
+def _in_an_hour() -> Any:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    return timezone.now() + timedelta(hours=1)
+
+
+SYSTEMS: dict[str, type[System]] = {cls.name: cls for cls in (Ours, Polling, SeedZset, CeleryEta)}

@@ -1,0 +1,249 @@
+"""The workloads: idle, steady, burst (per system), and the claim and create micro-measures."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models.signals import post_save
+from django.utils import timezone
+from django_redis import get_redis_connection
+
+from order_timeout.codec import now_score
+from order_timeout.models import Order, Status
+from order_timeout.queue import TimeoutQueue
+from order_timeout.signals import order_saved
+
+from .measure import ClientCommands, Counters, redis_memory, rss_bytes, summary
+from .recorder import read_commits
+from .systems import CeleryEta, System
+
+
+@dataclass(frozen=True)
+class Sizes:
+    steady_rate: int
+    steady_seconds: float
+    burst: int
+    idle: int
+    celery_idle: int
+    idle_seconds: float
+    cap_seconds: float
+    claim_sizes: tuple[int, ...]
+    create_samples: int
+    # Seconds between the end of production and the first deadline, at least.
+    lead_seconds: float
+
+
+FULL = Sizes(steady_rate=1000, steady_seconds=60, burst=100_000, idle=1_000_000, celery_idle=20_000,
+             idle_seconds=10, cap_seconds=90, claim_sizes=(10_000, 100_000, 1_000_000),
+             create_samples=2000, lead_seconds=2)
+QUICK = Sizes(steady_rate=200, steady_seconds=2, burst=1_000, idle=10_000, celery_idle=300,
+              idle_seconds=1.5, cap_seconds=15, claim_sizes=(10_000, 100_000), create_samples=150,
+              lead_seconds=1)
+
+
+def reset() -> None:
+    """Empty the orders table, the queue's Redis database and Celery's broker database."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"TRUNCATE TABLE {Order._meta.db_table}")
+    get_redis_connection("default").flushdb()
+    from .celery_eta import app
+
+    with app.connection_for_write() as conn:
+        conn.default_channel.client.flushdb()
+
+
+def make_orders(deadlines: list[datetime]) -> list[Order]:
+    orders: list[Order] = []
+    for start in range(0, len(deadlines), 5000):
+        orders += Order.objects.bulk_create(
+            [Order(expires_at=deadline) for deadline in deadlines[start:start + 5000]])
+    return orders
+
+
+@dataclass
+class Phase:
+    """One timed workload on one system: what was asked, and the counters around it."""
+
+    kind: str
+    orders: int
+    start: datetime
+    pk_range: tuple[int, int]
+    expires: dict[int, datetime] = field(default_factory=dict)
+    production_s: float = 0.0
+    production_overran_s: float = 0.0
+    db_queries: int = 0
+    redis_commands: int = 0
+    finished: bool = False
+    slowest_script_us: int | None = None
+    waited_s: float = 0.0
+
+
+def idle(system: System, sizes: Sizes) -> dict[str, Any]:
+    """Nothing due, many pending: what the closers cost while they wait."""
+    client = get_redis_connection("default")
+    count = sizes.celery_idle if isinstance(system, CeleryEta) else sizes.idle
+    memory, rss = redis_memory(client), sum(rss_bytes(pid) for pid in system.pids())
+    system.hold_far_future(count)
+    time.sleep(min(1.0, sizes.idle_seconds))
+    memory_after, rss_after = redis_memory(client), sum(rss_bytes(pid) for pid in system.pids())
+    counters = Counters(client).start()
+    with ClientCommands(client) as watched:
+        time.sleep(sizes.idle_seconds)
+    queries, commands = counters.stop()
+    return {
+        "redis_round_trips_per_s": watched.sent / sizes.idle_seconds,
+        "pending": count,
+        "redis_bytes_per_pending": (memory_after - memory) / count,
+        "worker_bytes_per_pending": (rss_after - rss) / count,
+        "db_queries_per_s": queries / sizes.idle_seconds,
+        "redis_commands_per_s": commands / sizes.idle_seconds,
+        "processes": system.processes,
+    }
+
+
+def forget_idle_members(system: System) -> None:
+    from .baselines import SEED_KEY
+
+    queue = TimeoutQueue.from_settings()
+    queue.client.delete(queue.keys.pending, SEED_KEY)
+
+
+def timed(system: System, kind: str, offsets: list[float], sizes: Sizes) -> Phase:
+    """Create orders due at start + offset, let the system close them, count what it cost."""
+    per_order = 0.0006 if isinstance(system, CeleryEta) else 0.00006
+    start = timezone.now() + timedelta(seconds=sizes.lead_seconds + len(offsets) * per_order * 1.5)
+    began = time.monotonic()
+    orders = make_orders([start + timedelta(seconds=offset) for offset in offsets])
+    system.enqueue(orders)
+    phase = Phase(kind=kind, orders=len(orders), start=start,
+                  pk_range=(orders[0].pk, orders[-1].pk),
+                  expires={o.pk: o.expires_at for o in orders})
+    phase.production_s = time.monotonic() - began
+    phase.production_overran_s = max(0.0, (timezone.now() - start).total_seconds())
+
+    client = get_redis_connection("default")
+    client.config_set("slowlog-log-slower-than", 1000)
+    client.slowlog_reset()
+    wait = (start - timezone.now()).total_seconds() - 0.2
+    if wait > 0:
+        time.sleep(wait)
+    counters = Counters(client).start()
+    polls = 0
+    last = start + timedelta(seconds=max(offsets))
+    deadline = time.monotonic() + max(0.0, (last - timezone.now()).total_seconds()) + sizes.cap_seconds
+    unpaid = Order.objects.filter(status=Status.UNPAID, pk__gte=phase.pk_range[0],
+                                  pk__lte=phase.pk_range[1])
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        polls += 1
+        if timezone.now() >= last and not unpaid.exists():
+            phase.finished = True
+            break
+    counters.own_queries += polls
+    phase.db_queries, phase.redis_commands = counters.stop()
+    phase.waited_s = (timezone.now() - start).total_seconds()
+    scripts = [entry["duration"] for entry in client.slowlog_get(1000)
+               if entry["command"].split(b" ")[0].lower() in (b"evalsha", b"eval")]
+    phase.slowest_script_us = max(scripts) if scripts else None
+    return phase
+
+
+def steady_offsets(sizes: Sizes) -> list[float]:
+    count = int(sizes.steady_rate * sizes.steady_seconds)
+    return [i / sizes.steady_rate for i in range(count)]
+
+
+def burst_offsets(sizes: Sizes) -> list[float]:
+    return [0.0] * sizes.burst
+
+
+def results(phase: Phase, system: System) -> dict[str, Any]:
+    """Lateness and throughput from the commit records the closers wrote on exit."""
+    commits: dict[int, list[float]] = {}
+    for pk, at in read_commits(system.record_dir):
+        if phase.pk_range[0] <= pk <= phase.pk_range[1]:
+            commits.setdefault(pk, []).append(at)
+    closed = len(commits)
+    first_commits = [min(times) for times in commits.values()]
+    lateness_ms = [(min(times) - phase.expires[pk].timestamp()) * 1000 for pk, times in commits.items()]
+    span = (max(first_commits) - min(first_commits)) if closed > 1 else 0.0
+    drain = (max(first_commits) - phase.start.timestamp()) if closed else None
+    return {
+        "orders": phase.orders,
+        "closed": closed,
+        "closed_twice": sum(1 for times in commits.values() if len(times) > 1),
+        "drained": closed == phase.orders,
+        "lateness_ms": summary(lateness_ms),
+        "lateness_samples": sorted(lateness_ms)[:: max(1, len(lateness_ms) // 2000)],
+        "closes_per_s": closed / span if span else None,
+        "drain_s": drain if closed == phase.orders else None,
+        "db_queries_per_close": phase.db_queries / closed if closed else None,
+        "redis_commands_per_close": phase.redis_commands / closed if closed else None,
+        "slowest_script_ms": phase.slowest_script_us / 1000 if phase.slowest_script_us else None,
+        "production_s": phase.production_s,
+        "production_overran_s": phase.production_overran_s,
+        "watched_s": phase.waited_s,
+    }
+
+
+def claim_latency(sizes: Sizes, batch: int = 200, rounds: int = 30) -> dict[str, Any]:
+    """Round trip of one claim of ``batch`` due members as the pending set grows."""
+    queue = TimeoutQueue.from_settings()
+    client = queue.client
+    far = now_score(timezone.now()) + 3_600_000
+    out: dict[str, Any] = {}
+    for size in sizes.claim_sizes:
+        client.flushdb()
+        for start in range(0, size, 10_000):
+            client.zadd(queue.keys.pending, {f"f{i}": far for i in range(start, min(size, start + 10_000))})
+        client.config_resetstat()
+        timings = []
+        for round_ in range(rounds):
+            now = now_score(timezone.now())
+            queue.schedule({f"d{round_}-{i}": now - 1 for i in range(batch)})
+            began = time.perf_counter()
+            claim = queue.claim(now, batch, now + 30_000)
+            timings.append((time.perf_counter() - began) * 1000)
+            queue.ack(claim.members)
+        stats = client.info("commandstats").get("cmdstat_evalsha", {})
+        out[str(size)] = {"round_trip_ms": summary(timings), "server_us_per_call": stats.get("usec_per_call")}
+    client.flushdb()
+    return out
+
+
+def create_overhead(systems: list[System], samples: int) -> dict[str, Any]:
+    """Time of one order's create transaction (commit and on_commit work included).
+
+    The variants take turns, sample by sample, so that a noisy moment on the
+    machine lands on all of them alike.
+    """
+
+    def one(enqueue: Any) -> float:
+        began = time.perf_counter()
+        with transaction.atomic():
+            order = Order.objects.create(expires_at=timezone.now() + timedelta(hours=1))
+            enqueue(order)
+        return (time.perf_counter() - began) * 1000
+
+    def bare(order: Order) -> None:
+        pass
+
+    variants = {"bare": bare} | {s.name: s.enqueue_on_commit for s in systems}
+    timings: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(samples):
+        for name, enqueue in variants.items():
+            # Only "ours" keeps the app's post_save receiver, which schedules the order.
+            if name != "ours":
+                post_save.disconnect(order_saved, sender=Order, dispatch_uid="order_timeout.order_saved")
+            try:
+                timings[name].append(one(enqueue))
+            finally:
+                post_save.connect(order_saved, sender=Order, dispatch_uid="order_timeout.order_saved")
+    base = summary(timings.pop("bare"))
+    return {name: {"added_p50_ms": summary(t)["p50"] - base["p50"],
+                   "added_p99_ms": summary(t)["p99"] - base["p99"], "create_ms": summary(t)}
+            for name, t in timings.items()} | {"bare_create_ms": base}

@@ -1,0 +1,50 @@
+# Sourced by scripts/test and scripts/bench: install what is missing, start
+# MariaDB and Redis on loopback if they are not running, and install the
+# project with the extras in EXTRAS into the virtualenv VENV (made with PYTHON).
+# Idempotent: a second run skips everything already done.
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+EXTRAS=${EXTRAS:-mysql,test,bench}
+REDIS_PORT=${REDIS_PORT:-6379}
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO="sudo"
+
+step() { printf '\n== %s\n' "$*"; }
+
+missing=()
+for pkg in redis-server mariadb-server libmariadb-dev pkg-config; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  step "installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if ! mariadb-admin ping --silent >/dev/null 2>&1; then
+  step "starting MariaDB"
+  $SUDO service mariadb start >/dev/null
+  for _ in $(seq 50); do mariadb-admin ping --silent >/dev/null 2>&1 && break; sleep 0.2; done
+fi
+if ! mariadb -h 127.0.0.1 -u root -e 'SELECT 1' >/dev/null 2>&1; then
+  step "allowing root over TCP without a password (loopback test server only)"
+  $SUDO mariadb -e "ALTER USER root@localhost IDENTIFIED VIA unix_socket OR mysql_native_password USING PASSWORD('')"
+fi
+
+if ! redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
+  step "starting Redis on 127.0.0.1:$REDIS_PORT"
+  redis-server --daemonize yes --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no >/dev/null
+  for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
+fi
+
+stamp="$VENV/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)-${EXTRAS//,/-}-${DJANGO:-any}"
+if [ ! -f "$stamp" ]; then
+  step "installing the project into $VENV ($("$PYTHON" --version))"
+  [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]" ${DJANGO:+"Django$DJANGO"}
+  rm -f "$VENV"/.installed-*
+  touch "$stamp"
+fi
+
