@@ -75,9 +75,15 @@ class ClientCommands:
         self.sent = max(0, self.sent - 1)  # that PING
 
     def _watch(self) -> None:
+        from redis.exceptions import TimeoutError as RedisTimeout
+
         with self.client.monitor() as monitor:
             self._ready.set()
-            for entry in monitor.listen():
+            while not self._stop.is_set():
+                try:
+                    entry = monitor.next_command()
+                except RedisTimeout:  # a quiet spell longer than the socket timeout
+                    continue
                 if self._stop.is_set():
                     return
                 if entry.get("client_type") == "lua":

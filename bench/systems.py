@@ -40,6 +40,8 @@ class System:
     def __init__(self, record_dir: Path) -> None:
         self.record_dir = record_dir
         self.procs: list[subprocess.Popen[bytes]] = []
+        # What closers that exited badly printed last (stderr tails).
+        self.errors: list[str] = []
 
     # -- orders in ------------------------------------------------------
 
@@ -51,6 +53,13 @@ class System:
 
     def hold_far_future(self, count: int) -> None:
         """Put ``count`` orders due in an hour into the system (idle workload), cheaply."""
+
+    def forget_far_future(self) -> None:
+        """Take the idle workload's orders out again, before the timed workloads."""
+        from order_timeout.queue import TimeoutQueue
+
+        queue = TimeoutQueue.from_settings()
+        queue.client.delete(queue.keys.pending, SEED_KEY)
 
     # -- closers --------------------------------------------------------
 
@@ -69,9 +78,8 @@ class System:
 
     startup_seconds = 2.0
 
-    def stop(self) -> list[str]:
+    def stop(self) -> None:
         """SIGTERM every closer and wait: they write their commit records on the way out."""
-        errors = []
         for proc in self.procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -82,9 +90,8 @@ class System:
                 proc.kill()
                 _, err = proc.communicate()
             if proc.returncode not in (0, -signal.SIGTERM):
-                errors.append(err.decode(errors="replace")[-2000:])
+                self.errors.append(err.decode(errors="replace")[-2000:])
         self.procs = []
-        return errors
 
     def pids(self) -> list[int]:
         return [proc.pid for proc in self.procs]
@@ -183,6 +190,14 @@ class CeleryEta(System):
         from .celery_eta import close_order
 
         transaction.on_commit(lambda: close_order.apply_async(args=[order.pk], eta=order.expires_at))
+
+    def forget_far_future(self) -> None:
+        """ETA tasks wait inside the worker: restart it on an empty broker."""
+        from .workloads import flush_broker
+
+        self.stop()
+        flush_broker()
+        self.start()
 
     def hold_far_future(self, count: int) -> None:
         from .celery_eta import close_order

@@ -50,6 +50,10 @@ def reset() -> None:
     with connection.cursor() as cursor:
         cursor.execute(f"TRUNCATE TABLE {Order._meta.db_table}")
     get_redis_connection("default").flushdb()
+    flush_broker()
+
+
+def flush_broker() -> None:
     from .celery_eta import app
 
     with app.connection_for_write() as conn:
@@ -105,16 +109,9 @@ def idle(system: System, sizes: Sizes) -> dict[str, Any]:
     }
 
 
-def forget_idle_members(system: System) -> None:
-    from .baselines import SEED_KEY
-
-    queue = TimeoutQueue.from_settings()
-    queue.client.delete(queue.keys.pending, SEED_KEY)
-
-
 def timed(system: System, kind: str, offsets: list[float], sizes: Sizes) -> Phase:
     """Create orders due at start + offset, let the system close them, count what it cost."""
-    per_order = 0.0006 if isinstance(system, CeleryEta) else 0.00006
+    per_order = 0.0012 if isinstance(system, CeleryEta) else 0.00006
     start = timezone.now() + timedelta(seconds=sizes.lead_seconds + len(offsets) * per_order * 1.5)
     began = time.monotonic()
     orders = make_orders([start + timedelta(seconds=offset) for offset in offsets])
