@@ -67,6 +67,13 @@ def main(argv: list[str]) -> int:
     from .systems import SYSTEMS
 
     sizes = workloads.QUICK if args.quick else workloads.FULL
+    from django.db import connection
+
+    # The harness empties its database and Redis: never let it near anything else.
+    if not connection.settings_dict["NAME"].endswith("_bench") or os.environ.get("BENCH_OK") != "1":
+        print("Refusing to run: use scripts/bench, which points the harness at databases of its "
+              "own (a database name ending in _bench) and sets BENCH_OK=1.", file=sys.stderr)
+        return 2
     call_command("migrate", verbosity=0)
     args.out.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
@@ -100,7 +107,7 @@ def main(argv: list[str]) -> int:
         if system.errors:
             data["errors"][system.name] = system.errors
         data["systems"][system.name] = {
-            "label": system.label, "closers": system.closers, "idle": idle,
+            "label": system.label, "closers": system.closers, "memory": system.memory, "idle": idle,
             "steady": workloads.results(steady, system), "burst": workloads.results(burst, system),
         }
         shutil.rmtree(record_dir, ignore_errors=True)

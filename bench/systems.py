@@ -36,10 +36,15 @@ class System:
     processes = 2
     # Who closes: for the table.
     closers = ""
+    # Seconds to make one order known to the system, to place the first deadline after production.
+    enqueue_seconds = 0.00006
+    # Where its pending orders wait, for the memory column.
+    memory = "redis"
 
     def __init__(self, record_dir: Path) -> None:
         self.record_dir = record_dir
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs: list[Path] = []
         # What closers that exited badly printed last (stderr tails).
         self.errors: list[str] = []
 
@@ -56,10 +61,6 @@ class System:
 
     def forget_far_future(self) -> None:
         """Take the idle workload's orders out again, before the timed workloads."""
-        from order_timeout.queue import TimeoutQueue
-
-        queue = TimeoutQueue.from_settings()
-        queue.client.delete(queue.keys.pending, SEED_KEY)
 
     # -- closers --------------------------------------------------------
 
@@ -71,9 +72,13 @@ class System:
         # otherwise reconnect after every task, and that is not what we measure.
         env = {**os.environ, "BENCH": "1", "SHOP_RECORD_EXPIRIES": "0", "CONN_MAX_AGE": "600",
                "BENCH_RECORD_DIR": str(self.record_dir), "PYTHONPATH": str(ROOT)}
-        for command in self.commands():
-            self.procs.append(subprocess.Popen(command, cwd=ROOT, env=env,
-                                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        for number, command in enumerate(self.commands(), start=len(self.logs)):
+            # A file, not a pipe: a chatty closer must never block on a full pipe.
+            log = self.record_dir / f"stderr-{number}.log"
+            self.logs.append(log)
+            with log.open("wb") as err:
+                self.procs.append(subprocess.Popen(command, cwd=ROOT, env=env,
+                                                   stdout=subprocess.DEVNULL, stderr=err))
         time.sleep(self.startup_seconds)
 
     startup_seconds = 2.0
@@ -83,14 +88,14 @@ class System:
         for proc in self.procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
+        for proc, log in zip(self.procs, self.logs[-len(self.procs):]):
             try:
-                _, err = proc.communicate(timeout=60)
+                proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
-                _, err = proc.communicate()
+                proc.wait()
             if proc.returncode not in (0, -signal.SIGTERM):
-                self.errors.append(err.decode(errors="replace")[-2000:])
+                self.errors.append(log.read_bytes()[-2000:].decode(errors="replace"))
         self.procs = []
 
     def pids(self) -> list[int]:
@@ -114,6 +119,12 @@ class Ours(System):
     def enqueue_on_commit(self, order: Order) -> None:
         pass  # the app's own post_save receiver does it
 
+    def forget_far_future(self) -> None:
+        from order_timeout.queue import TimeoutQueue
+
+        queue = TimeoutQueue.from_settings()
+        queue.client.delete(queue.keys.pending)
+
     def hold_far_future(self, count: int) -> None:
         from order_timeout.queue import TimeoutQueue
 
@@ -127,6 +138,7 @@ class Polling(System):
     name, label = "polling", "seeds: poll the table every 1 s"
     closers = "1 job (as the seeds run it), 1 tx per order"
     processes = 1
+    memory = "table"
 
     def commands(self) -> list[list[str]]:
         return [[sys.executable, "-m", "bench.baselines", "polling"]]
@@ -151,6 +163,9 @@ class SeedZset(System):
         transaction.on_commit(
             lambda: client.zadd(SEED_KEY, {str(order.pk): deadline_score(order.expires_at)}))
 
+    def forget_far_future(self) -> None:
+        get_redis_connection("default").delete(SEED_KEY)
+
     def hold_far_future(self, count: int) -> None:
         client = get_redis_connection("default")
         score = deadline_score(_in_an_hour())
@@ -163,6 +178,8 @@ class CeleryEta(System):
     closers = "1 worker, prefork pool of 2, 1 tx per order"
     startup_seconds = 4.0
     processes = 1
+    enqueue_seconds = 0.0012
+    memory = "worker"
 
     def commands(self) -> list[list[str]]:
         # Prefork, Celery's default pool: the solo pool fires ETA timers in steps

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -19,7 +20,7 @@ from order_timeout.signals import order_saved
 
 from .measure import ClientCommands, Counters, redis_memory, rss_bytes, summary
 from .recorder import read_commits
-from .systems import CeleryEta, System
+from .systems import System
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,13 @@ def reset() -> None:
         cursor.execute(f"TRUNCATE TABLE {Order._meta.db_table}")
     get_redis_connection("default").flushdb()
     flush_broker()
+
+
+def _broker_backlog() -> int:
+    from .celery_eta import app
+
+    with app.connection_for_write() as conn:
+        return int(conn.default_channel.client.llen("bench_eta"))
 
 
 def flush_broker() -> None:
@@ -89,18 +97,25 @@ class Phase:
 def idle(system: System, sizes: Sizes) -> dict[str, Any]:
     """Nothing due, many pending: what the closers cost while they wait."""
     client = get_redis_connection("default")
-    count = sizes.celery_idle if isinstance(system, CeleryEta) else sizes.idle
+    count = sizes.celery_idle if system.memory == "worker" else sizes.idle
     memory, rss = redis_memory(client), sum(rss_bytes(pid) for pid in system.pids())
     system.hold_far_future(count)
+    # Wait until the worker has pulled every message (its broker queue is empty).
+    settle = time.monotonic() + 30
+    while system.memory == "worker" and _broker_backlog() and time.monotonic() < settle:
+        time.sleep(0.2)
     time.sleep(min(1.0, sizes.idle_seconds))
     memory_after, rss_after = redis_memory(client), sum(rss_bytes(pid) for pid in system.pids())
-    counters = Counters(client).start()
     with ClientCommands(client) as watched:
+        # The monitor is open before the counters start, so its own setup is not counted.
+        counters = Counters(client).start()
         time.sleep(sizes.idle_seconds)
-    queries, commands = counters.stop()
+        queries, commands = counters.stop()
+    sent = max(0, watched.sent - 2)  # the two INFO calls of the counters
     return {
-        "redis_round_trips_per_s": watched.sent / sizes.idle_seconds,
-        "pending": count,
+        "redis_round_trips_per_s": sent / sizes.idle_seconds,
+        "redis_commands_run_per_s": (sent + watched.in_scripts) / sizes.idle_seconds,
+        "pending": count if system.memory != "table" else 0,
         "redis_bytes_per_pending": (memory_after - memory) / count,
         "worker_bytes_per_pending": (rss_after - rss) / count,
         "db_queries_per_s": queries / sizes.idle_seconds,
@@ -111,8 +126,8 @@ def idle(system: System, sizes: Sizes) -> dict[str, Any]:
 
 def timed(system: System, kind: str, offsets: list[float], sizes: Sizes) -> Phase:
     """Create orders due at start + offset, let the system close them, count what it cost."""
-    per_order = 0.0012 if isinstance(system, CeleryEta) else 0.00006
-    start = timezone.now() + timedelta(seconds=sizes.lead_seconds + len(offsets) * per_order * 1.5)
+    start = timezone.now() + timedelta(
+        seconds=sizes.lead_seconds + len(offsets) * system.enqueue_seconds * 1.5)
     began = time.monotonic()
     orders = make_orders([start + timedelta(seconds=offset) for offset in offsets])
     system.enqueue(orders)
@@ -124,6 +139,7 @@ def timed(system: System, kind: str, offsets: list[float], sizes: Sizes) -> Phas
 
     client = get_redis_connection("default")
     client.config_set("slowlog-log-slower-than", 1000)
+    client.config_set("slowlog-max-len", 100_000)  # keep every slow call, not the last 128
     client.slowlog_reset()
     wait = (start - timezone.now()).total_seconds() - 0.2
     if wait > 0:
@@ -136,16 +152,19 @@ def timed(system: System, kind: str, offsets: list[float], sizes: Sizes) -> Phas
                                   pk__lte=phase.pk_range[1])
     while time.monotonic() < deadline:
         time.sleep(0.25)
+        if timezone.now() < last:
+            continue
         polls += 1
-        if timezone.now() >= last and not unpaid.exists():
+        if not unpaid.exists():
             phase.finished = True
             break
     counters.own_queries += polls
     phase.db_queries, phase.redis_commands = counters.stop()
     phase.waited_s = (timezone.now() - start).total_seconds()
-    scripts = [entry["duration"] for entry in client.slowlog_get(1000)
+    scripts = [entry["duration"] for entry in client.slowlog_get(100_000)
                if entry["command"].split(b" ")[0].lower() in (b"evalsha", b"eval")]
     phase.slowest_script_us = max(scripts) if scripts else None
+    client.config_set("slowlog-max-len", 128)
     return phase
 
 
@@ -167,8 +186,9 @@ def results(phase: Phase, system: System) -> dict[str, Any]:
     closed = len(commits)
     first_commits = [min(times) for times in commits.values()]
     lateness_ms = [(min(times) - phase.expires[pk].timestamp()) * 1000 for pk, times in commits.items()]
-    span = (max(first_commits) - min(first_commits)) if closed > 1 else 0.0
-    drain = (max(first_commits) - phase.start.timestamp()) if closed else None
+    # From the deadline, not the first commit, so the first batch counts too.
+    span = (max(first_commits) - phase.start.timestamp()) if closed else 0.0
+    drain = span if closed else None
     return {
         "orders": phase.orders,
         "closed": closed,
@@ -181,6 +201,8 @@ def results(phase: Phase, system: System) -> dict[str, Any]:
         "db_queries_per_close": phase.db_queries / closed if closed else None,
         "redis_commands_per_close": phase.redis_commands / closed if closed else None,
         "slowest_script_ms": phase.slowest_script_us / 1000 if phase.slowest_script_us else None,
+        "db_queries": phase.db_queries,
+        "redis_commands": phase.redis_commands,
         "production_s": phase.production_s,
         "production_overran_s": phase.production_overran_s,
         "watched_s": phase.waited_s,
@@ -213,10 +235,11 @@ def claim_latency(sizes: Sizes, batch: int = 200, rounds: int = 30) -> dict[str,
 
 
 def create_overhead(systems: list[System], samples: int) -> dict[str, Any]:
-    """Time of one order's create transaction (commit and on_commit work included).
+    """Time a system adds to one order's create transaction (commit and on_commit work included).
 
-    The variants take turns, sample by sample, so that a noisy moment on the
-    machine lands on all of them alike.
+    Each sample runs every variant once, in a shuffled order, and the added
+    time is the difference from the bare create of the same sample: a noisy
+    moment on the machine then lands on both sides of the subtraction.
     """
 
     def one(enqueue: Any) -> float:
@@ -230,17 +253,23 @@ def create_overhead(systems: list[System], samples: int) -> dict[str, Any]:
         pass
 
     variants = {"bare": bare} | {s.name: s.enqueue_on_commit for s in systems}
-    timings: dict[str, list[float]] = {name: [] for name in variants}
+    added: dict[str, list[float]] = {name: [] for name in variants if name != "bare"}
+    bare_times: list[float] = []
+    shuffle = random.Random(4).shuffle
     for _ in range(samples):
-        for name, enqueue in variants.items():
+        names = list(variants)
+        shuffle(names)
+        times = {}
+        for name in names:
             # Only "ours" keeps the app's post_save receiver, which schedules the order.
             if name != "ours":
                 post_save.disconnect(order_saved, sender=Order, dispatch_uid="order_timeout.order_saved")
             try:
-                timings[name].append(one(enqueue))
+                times[name] = one(variants[name])
             finally:
                 post_save.connect(order_saved, sender=Order, dispatch_uid="order_timeout.order_saved")
-    base = summary(timings.pop("bare"))
-    return {name: {"added_p50_ms": summary(t)["p50"] - base["p50"],
-                   "added_p99_ms": summary(t)["p99"] - base["p99"], "create_ms": summary(t)}
-            for name, t in timings.items()} | {"bare_create_ms": base}
+        bare_times.append(times["bare"])
+        for name in added:
+            added[name].append(times[name] - times["bare"])
+    return {name: {"added_p50_ms": summary(diffs)["p50"], "added_p99_ms": summary(diffs)["p99"]}
+            for name, diffs in added.items()} | {"bare_create_ms": summary(bare_times)}

@@ -15,6 +15,7 @@ from typing import Any
 
 from django.db import Error as DatabaseError, OperationalError, connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.transaction import TransactionManagementError
 
 from .models import TIMEOUT_REASON, AbstractTimeoutOrder, Status
 from .signals import order_expired, orders_expired
@@ -172,6 +173,7 @@ def _connection_broken(using: str) -> bool:
 
 def _close_one_by_one(manager: Any, due: list[AbstractTimeoutOrder], now: datetime,
                       outcome: CloseOutcome, using: str) -> None:
+    """Close each order in a savepoint of its own, so a failing one fails alone."""
     for order in due:
         try:
             with transaction.atomic(using=using):
@@ -186,6 +188,7 @@ def _close_one_by_one(manager: Any, due: list[AbstractTimeoutOrder], now: dateti
 
 
 def _close(manager: Any, orders: list[AbstractTimeoutOrder], now: datetime) -> None:
+    """UPDATE ``orders`` to closed and send their signals; a receiver's failure names its order."""
     values = {"status": Status.CLOSED, "closed_at": now, "close_reason": TIMEOUT_REASON}
     manager.filter(pk__in=[order.pk for order in orders], status=Status.UNPAID).update(**values)
     sender = type(orders[0])
@@ -194,6 +197,9 @@ def _close(manager: Any, orders: list[AbstractTimeoutOrder], now: datetime) -> N
             setattr(order, name, value)
         try:
             order_expired.send(sender=sender, order=order)
+            if transaction.get_rollback(using=manager.db):
+                # set_rollback(True) would undo the close silently, yet we would ack it.
+                raise TransactionManagementError("a receiver marked the close for rollback")
         except Exception as exc:
             raise _ReceiverFailed(order, exc) from exc
     # A batch receiver that raises fails the whole batch; the one-by-one

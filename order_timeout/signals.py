@@ -7,7 +7,9 @@ receiver that raises leaves that order open for another try.
 
 ``orders_expired(sender=OrderModel, orders=[...])`` is sent once per closed
 batch, after the per-order signals and in the same transaction, for shops that
-release stock with one query per batch rather than one per order.
+release stock with one query per batch rather than one per order. (When a
+receiver raised and the batch is closed again one order at a time, it is sent
+once per order instead.)
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from order_timeout import schedule
@@ -157,6 +157,8 @@ def test_raising_receiver_leaves_only_its_order_open(consumer, make_order, recei
     statuses = {o.pk: s for o, s in ((o, Order.objects.get(pk=o.pk).status) for o in orders)}
     assert statuses == {orders[0].pk: "closed", unlucky.pk: "unpaid", orders[2].pk: "closed"}
     assert expiries(unlucky) == 0
+    # The others' receivers ran again after the rolled-back first run: their writes count once.
+    assert expiries(orders[0]) == expiries(orders[2]) == 1
     assert stats.failed == 1
     # Back in the queue for its first retry, RETRY_DELAYS[0] = 10 s from now.
     assert queue.leased_members() == []
@@ -474,3 +476,51 @@ def test_batch_signal_fires_once_per_batch_with_every_closed_order(consumer, mak
 
     assert sorted(len(batch) for batch in batches) == [2, 3]
     assert sorted(pk for batch in batches for pk in batch) == sorted(o.pk for o in orders)
+
+
+def test_a_raising_batch_receiver_makes_the_batch_close_one_order_at_a_time(consumer, make_order):
+    orders = [make_order(in_seconds=-1) for _ in range(3)]
+    sizes = []
+
+    def refuse_big_batches(sender, orders, **kwargs):
+        sizes.append(len(orders))
+        if len(orders) > 1:
+            raise RuntimeError("bulk release failed")
+
+    orders_expired.connect(refuse_big_batches, weak=False)
+    try:
+        stats = consumer().run(once=True)
+    finally:
+        orders_expired.disconnect(refuse_big_batches)
+
+    assert sizes == [3, 1, 1, 1]
+    assert stats.closed == 3 and stats.failed == 0
+    assert [expiries(o) for o in orders] == [1, 1, 1]
+
+
+def test_a_receiver_that_marks_the_close_for_rollback_fails_that_order(consumer, make_order, receiver,
+                                                                      queue, clock):
+    orders = [make_order(in_seconds=-1) for _ in range(2)]
+
+    @receiver
+    def veto(sender, order, **kwargs):
+        if order.pk == orders[0].pk:
+            transaction.set_rollback(True)
+
+    stats = consumer().run(once=True)
+
+    assert [Order.objects.get(pk=o.pk).status for o in orders] == ["unpaid", "closed"]
+    assert stats.failed == 1
+    assert queue.score_of(str(orders[0].pk)) is not None  # retried later, not acked
+
+
+def test_claim_takes_expired_leases_first_and_stays_within_the_limit(consumer, make_order, queue, clock):
+    stale = [make_order(in_seconds=-10) for _ in range(3)]
+    queue.claim(now_score(clock()), 3, now_score(clock()) - 1)  # their consumer died
+    due = [make_order(in_seconds=-1) for _ in range(3)]
+
+    claim = consumer(batch_size=4).claim(clock())
+
+    assert claim.members[:3] == [str(o.pk) for o in stale]
+    assert len(claim.members) == 4 and claim.members[3] in {str(o.pk) for o in due}
+    assert queue.pending_count() == 2

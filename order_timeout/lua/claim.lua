@@ -7,10 +7,11 @@
   ARGV[2] limit    most members to claim
   ARGV[3] until    (ms): lease expiry given to every claimed member
 
-  Returns { next, member... }: next is the earliest score left in either set
-  after the claim ("" when both are empty), so an idle consumer learns how long
-  to sleep from the same call; then the claimed members, expired leases first
-  (their consumer died), then due members.
+  Returns { next, member... }: when nothing was claimed, next is the earliest
+  score in either set ("" when both are empty), so an idle consumer learns how
+  long to sleep from the same call; after a claim it is "" (the consumer claims
+  again at once). Then the claimed members, expired leases first (their
+  consumer died), then due members.
 ]]
 local rcall = redis.call
 local pending, leased = KEYS[1], KEYS[2]
@@ -78,7 +79,6 @@ end
 local next_entry
 if #claimed > 0 then
   zadd_all(leased, lease_until, claimed)
-  next_entry = earliest(first(pending), first(leased))
 else
   next_entry = earliest(first_pending, first_leased)
 end
