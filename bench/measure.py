@@ -57,7 +57,14 @@ class ClientCommands:
     """
 
     def __init__(self, client: Any) -> None:
+        from redis import ConnectionPool, Redis
+
         self.client = client
+        # A connection of its own that never times out: a quiet spell is the point.
+        pool = client.connection_pool
+        self.watcher = Redis(connection_pool=ConnectionPool(
+            connection_class=pool.connection_class,
+            **{**pool.connection_kwargs, "socket_timeout": None}))
         self.sent = self.in_scripts = 0
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -75,15 +82,10 @@ class ClientCommands:
         self.sent = max(0, self.sent - 1)  # that PING
 
     def _watch(self) -> None:
-        from redis.exceptions import TimeoutError as RedisTimeout
-
-        with self.client.monitor() as monitor:
+        with self.watcher.monitor() as monitor:
             self._ready.set()
             while not self._stop.is_set():
-                try:
-                    entry = monitor.next_command()
-                except RedisTimeout:  # a quiet spell longer than the socket timeout
-                    continue
+                entry = monitor.next_command()
                 if self._stop.is_set():
                     return
                 if entry.get("client_type") == "lua":

@@ -8,8 +8,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -125,6 +127,19 @@ def consumer_process() -> Iterator[Callable[..., ConsumerProcess]]:
     yield start
     for process in started:
         process.kill()
+
+
+@contextmanager
+def running(worker: Consumer, target: Callable[[], Any] | None = None) -> Iterator[threading.Thread]:
+    """Run ``worker`` (or ``target``) in a thread for the block; stop it and check it stopped."""
+    thread = threading.Thread(target=target or worker.run)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        worker.request_stop()
+        thread.join(10)
+    assert not thread.is_alive(), "the consumer did not stop"
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 30, interval: float = 0.05) -> None:

@@ -19,7 +19,7 @@ from order_timeout.models import Order
 from order_timeout.signals import order_expired, orders_expired
 from testproject.shop.models import Expiry, Purchase
 
-from .conftest import Clock, wait_for
+from .conftest import Clock, running, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -254,16 +254,9 @@ def test_lost_database_connection_is_logged_and_retried(make_order, receiver, se
                 cursor.execute(f"KILL {kills[0]}")
 
     worker = Consumer(max_wait=0.05)
-    thread = threading.Thread(target=worker.run)
-    with caplog.at_level(logging.WARNING, logger="order_timeout"):
-        thread.start()
-        try:
-            wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed", timeout=20)
-        finally:
-            worker.request_stop()
-            thread.join(10)
+    with caplog.at_level(logging.WARNING, logger="order_timeout"), running(worker):
+        wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed", timeout=20)
 
-    assert not thread.is_alive()
     assert kills and worker.stats.failed == 1
     assert "close failed" in caplog.text and "attempt=1" in caplog.text
     assert expiries(order) == 1
@@ -281,16 +274,10 @@ def test_consumer_survives_the_database_going_away(make_order, caplog):
         dead.settings_dict = {**dead.settings_dict, "HOST": "127.0.0.1", "PORT": 1}
         worker.run()
 
-    thread = threading.Thread(target=run_against_a_dead_database)
-    with caplog.at_level(logging.ERROR, logger="order_timeout"):
-        thread.start()
-        try:
-            wait_for(lambda: worker.stats.errors >= 2, timeout=20)
-        finally:
-            worker.request_stop()
-            thread.join(10)
+    with caplog.at_level(logging.ERROR, logger="order_timeout"), \
+            running(worker, target=run_against_a_dead_database):
+        wait_for(lambda: worker.stats.errors >= 2, timeout=20)
 
-    assert not thread.is_alive()
     assert "retrying" in caplog.text
     assert worker.stats.failed == 0 and worker.stats.closed == 0
     assert Order.objects.get(pk=order.pk).status == "unpaid"
@@ -324,19 +311,12 @@ def test_lost_redis_is_logged_and_retried_until_it_returns(private_redis, make_o
     order = make_order(in_seconds=0.3)
     private_redis.stop()
     worker = Consumer(max_wait=0.05)
-    thread = threading.Thread(target=worker.run)
-    with caplog.at_level(logging.WARNING, logger="order_timeout"):
-        thread.start()
-        try:
-            wait_for(lambda: worker.stats.errors >= 2, timeout=20)
-            private_redis.start()
-            schedule([order])  # an empty Redis came back; the rebuild scan would do this
-            wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed", timeout=20)
-        finally:
-            worker.request_stop()
-            thread.join(10)
+    with caplog.at_level(logging.WARNING, logger="order_timeout"), running(worker):
+        wait_for(lambda: worker.stats.errors >= 2, timeout=20)
+        private_redis.start()
+        schedule([order])  # an empty Redis came back; the rebuild scan would do this
+        wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed", timeout=20)
 
-    assert not thread.is_alive()
     assert "Redis failed" in caplog.text
 
 
@@ -419,26 +399,16 @@ def test_idle_consumer_does_not_busy_loop(redis_client, clock):
     """With nothing pending it claims once per MAX_WAIT, and each claim is one Redis call."""
     worker = Consumer(max_wait=0.2)
     before = claim_calls(redis_client)
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    threading.Event().wait(1.0)
-    worker.request_stop()
-    thread.join(5)
+    with running(worker):
+        threading.Event().wait(1.0)
 
     assert 2 <= claim_calls(redis_client) - before <= 8
 
 
 def test_consumer_wakes_at_the_next_deadline_rather_than_after_max_wait(make_order):
     order = make_order(in_seconds=0.3)
-    worker = Consumer(max_wait=30)
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
+    with running(Consumer(max_wait=30)):
         wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed", timeout=10)
-    finally:
-        worker.request_stop()
-        thread.join(5)
-    assert not thread.is_alive()
 
 
 def claim_calls(redis_client) -> int:
