@@ -133,7 +133,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
 
     systems = data["systems"]
     fig, (late_ax, rate_ax) = plt.subplots(1, 2, figsize=(13, 4.8))
-    for name, system in systems.items():
+    for system in systems.values():
         samples = system["steady"]["lateness_samples"]
         if samples:
             fractions = [(i + 1) / len(samples) for i in range(len(samples))]
@@ -153,7 +153,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
     rate_ax.set_yscale("log")
     rate_ax.set_ylabel("closes per second (log)")
     rate_ax.set_title("Burst workload: sustained closes/s")
-    for bar, rate in zip(bars, rates):
+    for bar, rate in zip(bars, rates, strict=True):
         rate_ax.annotate(f"{rate:,.0f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                          ha="center", va="bottom", fontsize=8)
     fig.suptitle("django-order-timeout vs the seeds' designs and Celery ETA"

@@ -88,7 +88,7 @@ class System:
         for proc in self.procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for proc, log in zip(self.procs, self.logs[-len(self.procs):]):
+        for proc, log in zip(self.procs, self.logs[-len(self.procs):], strict=True):
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:

@@ -79,7 +79,7 @@ def close_expired(
             outcome.merge(_close_batch(model, [pk], now, using))
         except Exception as exc:
             if not _database_answers(connection):
-                raise _unreachable(exc)
+                raise _unreachable(exc)  # noqa: B904 (_unreachable chains the cause itself)
             outcome.failed[pk] = exc
     return outcome
 

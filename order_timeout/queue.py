@@ -192,7 +192,7 @@ class TimeoutQueue:
             pipe.zmscore(self.keys.pending, members)
             pipe.zmscore(self.keys.leased, members)
             pending, leased = pipe.execute()
-        return [m for m, p, l in zip(members, pending, leased) if p is None and l is None]
+        return [m for m, p, l in zip(members, pending, leased, strict=True) if p is None and l is None]
 
     def stats(self, now_ms: int) -> QueueStats:
         """Sizes of the queue, in one round trip."""

@@ -9,7 +9,6 @@ from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
-from django.utils import timezone
 
 from order_timeout.codec import deadline_score
 from order_timeout.compensation import compensate

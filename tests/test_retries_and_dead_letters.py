@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
 from order_timeout.codec import now_score
-from order_timeout.consumer import Consumer
 from order_timeout.models import DeadLetter, Order
 from order_timeout.signals import order_expired
 from testproject.shop.models import Expiry
