@@ -59,10 +59,13 @@ def _report(modeladmin: admin.ModelAdmin, request: HttpRequest, counts: Counter[
             "%d orders failed to close again; see their last errors.", n),
         "missing": lambda n: ngettext(
             "%d order no longer exists.", "%d orders no longer exist.", n),
+        "busy": lambda n: ngettext(
+            "%d order is locked by another transaction right now; try it again.",
+            "%d orders are locked by another transaction right now; try them again.", n),
     }
     for key, sentence in sentences.items():
         if counts.get(key):
-            level = messages.WARNING if key in ("failed", "missing") else messages.SUCCESS
+            level = messages.WARNING if key in ("failed", "missing", "busy") else messages.SUCCESS
             modeladmin.message_user(request, sentence(counts[key]) % counts[key], level)
     if not any(counts.values()):
         modeladmin.message_user(request, _("Nothing to do: the selected dead letters are resolved."),

@@ -32,6 +32,9 @@ class CloseOutcome:
     settled: list[Any] = field(default_factory=list)
     # No such row (deleted, or a member from another database).
     missing: list[Any] = field(default_factory=list)
+    # Row locked by another transaction (a payment in flight, a long shop
+    # transaction): skipped rather than waited for, so it cannot stall the batch.
+    busy: list[Any] = field(default_factory=list)
     # Still unpaid, deadline in the future (extended): pk -> the row's deadline.
     not_due: dict[Any, datetime] = field(default_factory=dict)
     # Closing raised (a receiver, usually): pk -> the exception; the order stays open.
@@ -41,6 +44,7 @@ class CloseOutcome:
         self.closed += other.closed
         self.settled += other.settled
         self.missing += other.missing
+        self.busy += other.busy
         self.not_due.update(other.not_due)
         self.failed.update(other.failed)
 
@@ -122,12 +126,18 @@ def _close_batch(
     if not pks:
         return outcome
     manager = model._default_manager.db_manager(using)
+    skip_locked = connections[using].features.has_select_for_update_skip_locked
     with transaction.atomic(using=using):
-        rows = {order.pk: order for order in manager.select_for_update().filter(pk__in=pks)}
+        locked = manager.select_for_update(skip_locked=skip_locked).filter(pk__in=pks)
+        rows = {order.pk: order for order in locked}
+        absent = [pk for pk in pks if pk not in rows]
+        busy = set(manager.filter(pk__in=absent).values_list("pk", flat=True)) if absent else set()
         due: list[AbstractTimeoutOrder] = []
         for pk in pks:
             order = rows.get(pk)
-            if order is None:
+            if pk in busy:
+                outcome.busy.append(pk)
+            elif order is None:
                 outcome.missing.append(pk)
             elif order.status != Status.UNPAID:
                 outcome.settled.append(pk)

@@ -33,6 +33,8 @@ logger = logging.getLogger("order_timeout")
 # After a Redis or database error: wait this long, doubling up to the cap.
 ERROR_BACKOFF_FIRST = 0.5
 ERROR_BACKOFF_MAX = 30.0
+# An order whose row another transaction holds is claimed again this much later.
+BUSY_RETRY_MS = 1000
 
 
 @dataclass
@@ -128,13 +130,17 @@ class Consumer:
                            [by_pk[pk] for pk in outcome.missing][:20])
         done = [*outcome.closed, *outcome.settled, *outcome.missing]
         self.queue.ack([*malformed, *(by_pk[pk] for pk in done)])
-        self.queue.reschedule(
-            {by_pk[pk]: deadline_score(deadline) for pk, deadline in outcome.not_due.items()}
-        )
+        busy_until = now_score(now) + BUSY_RETRY_MS
+        self.queue.reschedule({
+            **{by_pk[pk]: deadline_score(deadline) for pk, deadline in outcome.not_due.items()},
+            # Locked by someone else: look again shortly, not counted as a failure.
+            **{by_pk[pk]: busy_until for pk in outcome.busy},
+        })
         dead = self._retry_or_bury(outcome.failed, by_pk, now)
         return BatchReport(
             claimed=len(members), closed=len(outcome.closed), skipped_paid=len(outcome.settled),
-            rescheduled=len(outcome.not_due), failed=len(outcome.failed), dead_lettered=dead,
+            rescheduled=len(outcome.not_due) + len(outcome.busy), failed=len(outcome.failed),
+            dead_lettered=dead,
             dropped=len(malformed) + len(outcome.missing),
         )
 

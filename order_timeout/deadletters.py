@@ -150,7 +150,8 @@ def close_now(letters: Iterable[DeadLetter], user: Any, now: datetime,
                 letter.last_failed_at = now
                 letter.save(update_fields=["error_type", "last_error", "attempts", "last_failed_at"])
         counts.update(closed=len(outcome.closed), settled=len(outcome.settled),
-                      failed=len(outcome.failed), missing=len(outcome.missing))
+                      failed=len(outcome.failed), missing=len(outcome.missing),
+                      busy=len(outcome.busy))
         if outcome.not_due:
             # The deadline was extended meanwhile: it is not ours to close yet.
             counts.update(requeue([by_pk[pk] for pk in outcome.not_due], user, now, queue))

@@ -494,3 +494,34 @@ def test_claim_takes_expired_leases_first_and_stays_within_the_limit(consumer, m
     assert claim.members[:3] == [str(o.pk) for o in stale]
     assert len(claim.members) == 4 and claim.members[3] in {str(o.pk) for o in due}
     assert queue.pending_count() == 2
+
+
+def test_an_order_whose_row_is_locked_elsewhere_does_not_stall_its_batch(consumer, make_order, queue,
+                                                                        clock):
+    """A long transaction holds one row: the rest of the batch closes, that one is looked at again."""
+    orders = [make_order(in_seconds=-1) for _ in range(3)]
+    held = orders[1]
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_the_row():
+        with transaction.atomic():
+            Order.objects.select_for_update().get(pk=held.pk)
+            locked.set()
+            release.wait(20)
+        connection.close()
+
+    holder = threading.Thread(target=hold_the_row)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        stats = consumer().run(once=True)
+    finally:
+        release.set()
+        holder.join(10)
+
+    assert [Order.objects.get(pk=o.pk).status for o in orders] == ["closed", "unpaid", "closed"]
+    assert stats.failed == 0 and stats.rescheduled == 1
+    assert queue.score_of(str(held.pk)) == now_score(clock()) + 1000
+    clock.advance(1)
+    consumer().run(once=True)
+    assert Order.objects.get(pk=held.pk).status == "closed"
