@@ -107,3 +107,10 @@ def test_check_requires_use_tz(settings):
 
 def test_checks_pass_on_the_test_project():
     assert check_redis_alias() == [] and check_use_tz() == []
+
+
+@pytest.mark.django_db
+def test_migrations_match_the_models():
+    from django.core.management import call_command
+
+    call_command("makemigrations", "--check", "--dry-run", verbosity=0)
