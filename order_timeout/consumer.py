@@ -26,7 +26,7 @@ from .conf import MAX_BATCH_SIZE, settings
 from .exceptions import QueueUnavailable
 from .models import AbstractTimeoutOrder
 from .deadletters import Failure
-from .queue import Claim, TimeoutQueue
+from .queue import Claim, TimeoutQueue, WakeListener
 
 logger = logging.getLogger("order_timeout")
 
@@ -92,12 +92,16 @@ class Consumer:
         self.now = now or timezone.now
         self.stats = ConsumerStats()
         self._stop = threading.Event()
+        # Set to end a sleep early: by a stop, or by a new earliest deadline.
+        self._wake = threading.Event()
+        self._listener: WakeListener | None = None
 
     # -- stopping -------------------------------------------------------
 
     def request_stop(self) -> None:
-        """Finish the batch in hand, then leave ``run()``. Safe from a signal handler."""
+        """Finish the batch in hand, then leave ``run()``."""
         self._stop.set()
+        self._wake.set()
 
     @property
     def stopping(self) -> bool:
@@ -201,6 +205,16 @@ class Consumer:
         Redis and database errors are logged and retried with backoff; in
         ``once`` mode they are raised, since the caller wants a verdict.
         """
+        if once:
+            return self._run(once=True)
+        try:
+            return self._run(once=False)
+        finally:
+            if self._listener is not None:
+                self._listener.close()
+                self._listener = None
+
+    def _run(self, once: bool) -> ConsumerStats:
         backoff = ERROR_BACKOFF_FIRST
         # --once means "what is due now": a fixed cutoff, so a steady stream
         # of new deadlines cannot keep it running.
@@ -221,8 +235,20 @@ class Consumer:
                 continue
             if once:
                 break
-            self._stop.wait(self._idle_wait(claim.next_score))
+            self._sleep(self._idle_wait(claim.next_score))
         return self.stats
+
+    def _sleep(self, seconds: float) -> None:
+        """Sleep until ``seconds`` pass, a new earliest deadline is scheduled, or a stop."""
+        if self._listener is None:
+            try:
+                self._listener = self.queue.listen_for_wakeups(self._wake.set)
+            except QueueUnavailable:
+                logger.warning("No wake-up subscription; new early deadlines wait up to MAX_WAIT.",
+                               exc_info=True)
+        self._wake.wait(seconds)
+        if not self.stopping:
+            self._wake.clear()
 
     def _idle_wait(self, next_score: int | None) -> float:
         """Seconds to sleep: until the next deadline in Redis, at most ``max_wait``."""

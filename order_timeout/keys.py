@@ -34,6 +34,11 @@ class QueueKeys:
         return f"{{{self.prefix}}}:first-failure"
 
     @property
+    def wake(self) -> str:
+        """Pub/sub channel: a new earliest deadline (ms), for sleeping consumers."""
+        return f"{{{self.prefix}}}:wake"
+
+    @property
     def compensation_lock(self) -> str:
         """String: the token of the compensation scan running now, if any."""
         return f"{{{self.prefix}}}:compensation-lock"

@@ -6,7 +6,11 @@ nothing of Django models. Every Redis error leaves as ``QueueUnavailable``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+import functools
+import logging
+import time
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -18,12 +22,16 @@ from redis.commands.core import Script
 from redis.exceptions import RedisError
 
 from .exceptions import QueueUnavailable
+
+logger = logging.getLogger("order_timeout")
 from .keys import QueueKeys
 
-SCRIPT_NAMES = ("claim", "reschedule", "retry", "renew_lock", "release_lock")
+SCRIPT_NAMES = ("schedule", "claim", "reschedule", "retry", "renew_lock", "release_lock")
 
 
+@functools.cache
 def load_script_source(name: str) -> str:
+    """A script's text, read once per process (every create runs the schedule script)."""
     return resources.files("order_timeout").joinpath("lua", f"{name}.lua").read_text("utf-8")
 
 
@@ -69,6 +77,27 @@ class Claim:
     next_score: int | None = field(default=None)
 
 
+class WakeListener:
+    """A pub/sub subscription in a thread of its own; redis-py re-subscribes after a reconnect."""
+
+    def __init__(self, client: Redis, channel: str, on_wake: Callable[[], None]) -> None:
+        self.pubsub = client.pubsub(ignore_subscribe_messages=True)
+        self.pubsub.subscribe(**{channel: lambda message: on_wake()})
+        self.thread = self.pubsub.run_in_thread(sleep_time=1.0, daemon=True,
+                                                exception_handler=self._lost)
+
+    @staticmethod
+    def _lost(error: BaseException, pubsub: Any, thread: Any) -> None:
+        # The consumer still wakes every MAX_WAIT; try again in a second.
+        logger.warning("Lost the wake-up subscription (%s); retrying.", error)
+        time.sleep(1.0)
+
+    def close(self) -> None:
+        self.thread.stop()
+        self.thread.join(5)
+        self.pubsub.close()
+
+
 class TimeoutQueue:
     """One delay queue in one Redis: a pending set and a lease set."""
 
@@ -98,7 +127,16 @@ class TimeoutQueue:
         if not deadlines:
             return 0
         with _redis_errors("schedule"):
-            return int(self.client.zadd(self.keys.pending, dict(deadlines), nx=only_missing))
+            if only_missing:
+                return int(self.client.zadd(self.keys.pending, dict(deadlines), nx=True))
+            return int(self._schedule_script(deadlines))
+
+    def _schedule_script(self, deadlines: Mapping[str, int], client: Any = None) -> Any:
+        args: list[Any] = []
+        for member, score in deadlines.items():
+            args += [score, member]
+        return self.scripts["schedule"](keys=[self.keys.pending, self.keys.wake], args=args,
+                                        client=client)
 
     def unschedule(self, members: Iterable[str]) -> None:
         """Forget members wherever they are: pending, leased, retry state."""
@@ -116,7 +154,7 @@ class TimeoutQueue:
         with _redis_errors("update the queue"):
             pipe = self.client.pipeline(transaction=True)
             if deadlines:
-                pipe.zadd(self.keys.pending, dict(deadlines))
+                self._schedule_script(deadlines, client=pipe)
             if gone:
                 pipe.zrem(self.keys.pending, *gone)
                 self._forget_lease(pipe, gone)
@@ -223,6 +261,11 @@ class TimeoutQueue:
     def release_lock(self, token: str) -> bool:
         with _redis_errors("release the compensation lock"):
             return bool(self.scripts["release_lock"](keys=[self.keys.compensation_lock], args=[token]))
+
+    def listen_for_wakeups(self, on_wake: Callable[[], None]) -> WakeListener:
+        """Call ``on_wake`` (in a thread) whenever a new earliest deadline is scheduled."""
+        with _redis_errors("subscribe to wake-ups"):
+            return WakeListener(self.client, self.keys.wake, on_wake)
 
     def score_of(self, member: str) -> int | None:
         """The pending deadline of a member, or None."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 
@@ -525,3 +526,35 @@ def test_an_order_whose_row_is_locked_elsewhere_does_not_stall_its_batch(consume
     clock.advance(1)
     consumer().run(once=True)
     assert Order.objects.get(pk=held.pk).status == "closed"
+
+
+def test_a_new_earlier_deadline_wakes_a_sleeping_consumer(make_order):
+    """Nothing pending: the consumer sleeps MAX_WAIT (30 s), yet closes a 0.2 s order at once."""
+    worker = Consumer(max_wait=30)
+    with running(worker):
+        wait_for(lambda: worker._listener is not None, timeout=10)
+        threading.Event().wait(0.2)  # asleep now
+        order = make_order(in_seconds=0.2)
+        wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed", timeout=10)
+
+
+def test_scheduling_publishes_a_wake_up_only_for_a_new_earliest_deadline(queue, redis_client, clock):
+    pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(queue.keys.wake)
+    now = now_score(clock())
+
+    def messages():
+        received, until = [], time.monotonic() + 1.0
+        while time.monotonic() < until:
+            message = pubsub.get_message(timeout=0.1)  # None for the subscribe confirmation too
+            if message is not None:
+                received.append(int(message["data"]))
+        return received
+
+    queue.schedule({"1": now + 60_000})
+    queue.schedule({"2": now + 120_000})  # behind the head: no wake-up
+    queue.schedule({"3": now + 1_000})
+    queue.schedule({"4": now + 5_000, "5": now + 500})
+
+    assert messages() == [now + 60_000, now + 1_000, now + 500]
+    pubsub.close()

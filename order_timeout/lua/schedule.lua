@@ -1,0 +1,29 @@
+--[[
+  Add members at their deadlines (or move them), and wake the sleeping
+  consumers when one of them became the earliest deadline of all.
+
+  KEYS[1] pending  sorted set: member = order id, score = deadline (ms)
+  KEYS[2] wake     pub/sub channel the consumers listen on
+  ARGV    score1, member1, score2, member2, ...
+
+  A consumer with nothing due sleeps until the earliest deadline it knows of;
+  a new earlier one would otherwise wait for its MAX_WAIT. Publishing only
+  when the head of the set changed keeps the usual create (a deadline far
+  behind others) at one ZADD.
+  Returns the number of members added (not moved).
+]]
+local rcall = redis.call
+local pending, wake = KEYS[1], KEYS[2]
+
+local added, earliest = 0, nil
+for i = 1, #ARGV, 2 do
+  added = added + rcall('ZADD', pending, ARGV[i], ARGV[i + 1])
+  local score = tonumber(ARGV[i])
+  if earliest == nil or score < earliest then earliest = score end
+end
+
+local head = rcall('ZRANGE', pending, 0, 0, 'WITHSCORES')
+if earliest and #head > 0 and tonumber(head[2]) >= earliest then
+  rcall('PUBLISH', wake, head[2])
+end
+return added
