@@ -23,6 +23,7 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -65,7 +66,8 @@ def start_embedded_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("the embedded redis-server did not start")
 
 
-def stop(process: subprocess.Popen[bytes] | None) -> None:
+def stop(process: subprocess.Popen[Any] | None) -> None:
+    """SIGTERM, wait up to 10 s, then kill: how the demo (and the tests) end a server."""
     if process is not None and process.poll() is None:
         process.send_signal(signal.SIGTERM)
         try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,7 @@ from order_timeout.beat import ENTRY_NAME, TASK_NAME, beat_schedule, install_per
 from order_timeout.models import Order
 from order_timeout.tasks import compensate
 from testproject.celery import app as celery_app
+from testproject.demo import stop
 
 from .conftest import PROJECT_ROOT, database_url, wait_for
 
@@ -70,13 +70,7 @@ def celery_worker(redis_client) -> Iterator[Callable[..., subprocess.Popen[str]]
 
     yield start
     for proc in started:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc)  # warm shutdown, then kill
 
 
 @pytest.mark.django_db(transaction=True)

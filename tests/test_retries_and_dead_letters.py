@@ -44,15 +44,34 @@ def short_retries(settings):
     settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "RETRY_DELAYS": [1, 2, 4]}
 
 
-def dead_letter_for(order, failing_receiver, clock, consumer):
-    """Drive ``order`` through every retry until it is dead-lettered."""
+@pytest.fixture
+def order_in_backoff(short_retries, failing_receiver, consumer, make_order):
+    """An overdue order whose first close failed: it waits for its first retry, 1 s on.
+
+    Its receiver is healed again afterwards, so the retry succeeds unless a test says otherwise.
+    """
+    order = make_order(in_seconds=-1)
+    failing_receiver.failing.add(order.pk)
+    consumer().run(once=True)
+    failing_receiver.failing.clear()
+    return order
+
+
+@pytest.fixture
+def dead_letter(short_retries, failing_receiver, consumer, make_order, clock):
+    """An overdue order driven through every retry until dead-lettered: (order, letter).
+
+    Its receiver is healed again afterwards, so an action that closes it succeeds.
+    """
+    order = make_order(in_seconds=-1)
     failing_receiver.failing.add(order.pk)
     worker = consumer()
     worker.run(once=True)
     for delay in (1, 2, 4):
         clock.advance(delay)
         worker.run(once=True)
-    return DeadLetter.objects.get(order_id=str(order.pk))
+    failing_receiver.failing.clear()
+    return order, DeadLetter.objects.get(order_id=str(order.pk))
 
 
 def test_receiver_that_keeps_raising_is_retried_at_each_delay_then_dead_lettered(
@@ -102,33 +121,21 @@ def test_retry_state_survives_a_consumer_restart(short_retries, failing_receiver
     assert int(queue.client.hget(queue.keys.attempts, str(order.pk))) == 3
 
 
-def test_successful_retry_clears_the_retry_state(short_retries, failing_receiver, consumer,
-                                                 make_order, queue, clock):
-    order = make_order(in_seconds=-1)
-    failing_receiver.failing.add(order.pk)
-    consumer().run(once=True)
-    failing_receiver.failing.clear()
-
+def test_successful_retry_clears_the_retry_state(order_in_backoff, consumer, queue, clock):
     clock.advance(1)
     consumer().run(once=True)
 
-    assert Order.objects.get(pk=order.pk).status == Order.Status.CLOSED
+    assert Order.objects.get(pk=order_in_backoff.pk).status == Order.Status.CLOSED
     assert queue.client.hlen(queue.keys.attempts) == 0
     assert not DeadLetter.objects.exists()
 
 
-def test_order_paid_during_its_backoff_is_never_closed(short_retries, failing_receiver, consumer,
-                                                      make_order, queue, clock):
-    order = make_order(in_seconds=-1)
-    failing_receiver.failing.add(order.pk)
-    consumer().run(once=True)
-    failing_receiver.failing.clear()
-
-    Order.objects.get(pk=order.pk).mark_paid()
+def test_order_paid_during_its_backoff_is_never_closed(order_in_backoff, consumer, queue, clock):
+    Order.objects.get(pk=order_in_backoff.pk).mark_paid()
     clock.advance(1)
     consumer().run(once=True)
 
-    assert Order.objects.get(pk=order.pk).status == Order.Status.PAID
+    assert Order.objects.get(pk=order_in_backoff.pk).status == Order.Status.PAID
     assert queue.pending_count() == 0 and queue.client.hlen(queue.keys.attempts) == 0
 
 
@@ -146,11 +153,8 @@ def post_action(client, action, letter):
                        follow=True)
 
 
-def test_requeue_from_the_admin_closes_the_order(short_retries, failing_receiver, consumer,
-                                                 make_order, queue, clock, client):
-    order = make_order(in_seconds=-1)
-    letter = dead_letter_for(order, failing_receiver, clock, consumer)
-    failing_receiver.failing.clear()
+def test_requeue_from_the_admin_closes_the_order(dead_letter, consumer, client):
+    order, letter = dead_letter
     client.force_login(staff("ops", "requeue_deadletter"))
 
     response = post_action(client, "requeue", letter)
@@ -164,10 +168,8 @@ def test_requeue_from_the_admin_closes_the_order(short_retries, failing_receiver
     assert Expiry.objects.filter(order_id=str(order.pk)).count() == 1
 
 
-def test_requeue_needs_the_permission(short_retries, failing_receiver, consumer, make_order,
-                                      queue, clock, client):
-    order = make_order(in_seconds=-1)
-    letter = dead_letter_for(order, failing_receiver, clock, consumer)
+def test_requeue_needs_the_permission(dead_letter, queue, client):
+    order, letter = dead_letter
     client.force_login(staff("intern"))
 
     changelist = client.get(reverse(CHANGELIST))
@@ -180,11 +182,8 @@ def test_requeue_needs_the_permission(short_retries, failing_receiver, consumer,
     assert queue.pending_count() == 0
 
 
-def test_close_now_closes_the_order_through_the_consumers_path(short_retries, failing_receiver,
-                                                              consumer, make_order, clock, client):
-    order = make_order(in_seconds=-1)
-    letter = dead_letter_for(order, failing_receiver, clock, consumer)
-    failing_receiver.failing.clear()
+def test_close_now_closes_the_order_through_the_consumers_path(dead_letter, client):
+    order, letter = dead_letter
     client.force_login(staff("ops", "close_deadletter_order"))
 
     response = post_action(client, "close_now", letter)
@@ -197,10 +196,8 @@ def test_close_now_closes_the_order_through_the_consumers_path(short_retries, fa
     assert letter.resolution == DeadLetter.Resolution.CLOSED
 
 
-def test_close_now_never_closes_an_order_paid_meanwhile(short_retries, failing_receiver, consumer,
-                                                       make_order, clock, client):
-    order = make_order(in_seconds=-1)
-    letter = dead_letter_for(order, failing_receiver, clock, consumer)
+def test_close_now_never_closes_an_order_paid_meanwhile(dead_letter, client):
+    order, letter = dead_letter
     Order.objects.get(pk=order.pk).mark_paid()
     client.force_login(staff("ops", "close_deadletter_order", "requeue_deadletter"))
 
@@ -212,10 +209,8 @@ def test_close_now_never_closes_an_order_paid_meanwhile(short_retries, failing_r
     assert letter.resolution == DeadLetter.Resolution.SETTLED
 
 
-def test_requeue_never_schedules_an_order_paid_meanwhile(short_retries, failing_receiver, consumer,
-                                                        make_order, queue, clock, client):
-    order = make_order(in_seconds=-1)
-    letter = dead_letter_for(order, failing_receiver, clock, consumer)
+def test_requeue_never_schedules_an_order_paid_meanwhile(dead_letter, queue, client):
+    order, letter = dead_letter
     Order.objects.get(pk=order.pk).mark_paid()
     client.force_login(staff("ops", "requeue_deadletter"))
 
@@ -225,10 +220,9 @@ def test_requeue_never_schedules_an_order_paid_meanwhile(short_retries, failing_
     assert Order.objects.get(pk=order.pk).status == Order.Status.PAID
 
 
-def test_close_now_that_fails_again_keeps_the_dead_letter_open(short_retries, failing_receiver,
-                                                              consumer, make_order, clock, client):
-    order = make_order(in_seconds=-1)
-    letter = dead_letter_for(order, failing_receiver, clock, consumer)
+def test_close_now_that_fails_again_keeps_the_dead_letter_open(dead_letter, failing_receiver, client):
+    order, letter = dead_letter
+    failing_receiver.failing.add(order.pk)  # the cause was not fixed
     client.force_login(staff("ops", "close_deadletter_order"))
 
     response = post_action(client, "close_now", letter)
@@ -239,11 +233,7 @@ def test_close_now_that_fails_again_keeps_the_dead_letter_open(short_retries, fa
     assert Order.objects.get(pk=order.pk).status == Order.Status.UNPAID
 
 
-def test_dead_letter_changelist_searches_and_filters(short_retries, failing_receiver, consumer,
-                                                     make_order, clock, admin_client):
-    order = make_order(in_seconds=-1)
-    dead_letter_for(order, failing_receiver, clock, consumer)
-
+def test_dead_letter_changelist_searches_and_filters(dead_letter, admin_client):
     found = admin_client.get(reverse(CHANGELIST), {"q": "StockServiceDown", "resolved": "no"})
     not_found = admin_client.get(reverse(CHANGELIST), {"resolved": "yes"})
 
@@ -252,11 +242,8 @@ def test_dead_letter_changelist_searches_and_filters(short_retries, failing_rece
     assert len(not_found.context["cl"].result_list) == 0
 
 
-def test_close_now_needs_the_permission(short_retries, failing_receiver, consumer, make_order,
-                                        clock, client):
-    order = make_order(in_seconds=-1)
-    letter = dead_letter_for(order, failing_receiver, clock, consumer)
-    failing_receiver.failing.clear()
+def test_close_now_needs_the_permission(dead_letter, client):
+    order, letter = dead_letter
     client.force_login(staff("intern", "requeue_deadletter"))
 
     changelist = client.get(reverse(CHANGELIST))
@@ -288,14 +275,10 @@ def test_each_batch_and_each_failure_is_logged_in_one_line(short_retries, failin
     assert "next=retry in 1s" in failures[0].getMessage()
 
 
-def test_saving_an_order_during_its_backoff_keeps_the_retry_time(short_retries, failing_receiver,
-                                                                 consumer, make_order, queue, clock):
-    order = make_order(in_seconds=-1)
-    failing_receiver.failing.add(order.pk)
-    consumer().run(once=True)
-    retry_at = queue.score_of(str(order.pk))
+def test_saving_an_order_during_its_backoff_keeps_the_retry_time(order_in_backoff, queue):
+    member = str(order_in_backoff.pk)
+    retry_at = queue.score_of(member)
 
-    loaded = Order.objects.get(pk=order.pk)
-    loaded.save()
+    Order.objects.get(pk=order_in_backoff.pk).save()
 
-    assert queue.score_of(str(order.pk)) == retry_at
+    assert queue.score_of(member) == retry_at
