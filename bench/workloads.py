@@ -16,7 +16,7 @@ from django_redis import get_redis_connection
 from order_timeout.codec import now_score
 from order_timeout.models import Order, Status
 from order_timeout.queue import TimeoutQueue
-from order_timeout.signals import order_saved
+from order_timeout.scheduling import order_saved
 
 from .measure import ClientCommands, Counters, redis_memory, rss_bytes, summary
 from .recorder import read_commits
@@ -263,11 +263,11 @@ def create_overhead(systems: list[System], samples: int) -> dict[str, Any]:
         for name in names:
             # Only "ours" keeps the app's post_save receiver, which schedules the order.
             if name != "ours":
-                post_save.disconnect(order_saved, sender=Order, dispatch_uid="order_timeout.order_saved")
+                post_save.disconnect(order_saved, sender=Order, dispatch_uid="order_timeout.order_timeout.order.saved")
             try:
                 times[name] = one(variants[name])
             finally:
-                post_save.connect(order_saved, sender=Order, dispatch_uid="order_timeout.order_saved")
+                post_save.connect(order_saved, sender=Order, dispatch_uid="order_timeout.order_timeout.order.saved")
         bare_times.append(times["bare"])
         for name in added:
             added[name].append(times[name] - times["bare"])

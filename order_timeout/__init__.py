@@ -6,18 +6,18 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .models import AbstractTimeoutOrder
+    from .models import TimeoutOrderMixin
 
 __all__ = ["get_order_model", "schedule", "unschedule"]
 
 
-def get_order_model() -> type[AbstractTimeoutOrder]:
+def get_order_model() -> type[TimeoutOrderMixin]:
     """The order model named by ``ORDER_TIMEOUT['ORDER_MODEL']`` (after ``get_user_model``)."""
     from django.apps import apps
     from django.core.exceptions import ImproperlyConfigured
 
     from .conf import settings
-    from .models import AbstractTimeoutOrder
+    from .models import TimeoutOrderMixin
 
     label = settings.ORDER_MODEL
     try:
@@ -30,22 +30,22 @@ def get_order_model() -> type[AbstractTimeoutOrder]:
         raise ImproperlyConfigured(
             f"ORDER_TIMEOUT['ORDER_MODEL'] refers to model {label!r} that has not been installed"
         ) from exc
-    if not issubclass(model, AbstractTimeoutOrder):
+    if not issubclass(model, TimeoutOrderMixin):
         raise ImproperlyConfigured(
             f"ORDER_TIMEOUT['ORDER_MODEL'] refers to {label!r}, which does not inherit "
-            "order_timeout.models.AbstractTimeoutOrder"
+            "order_timeout.models.TimeoutOrderMixin"
         )
     return model
 
 
-def schedule(orders: Iterable[AbstractTimeoutOrder]) -> None:
+def schedule(orders: Iterable[TimeoutOrderMixin]) -> None:
     """Make the queue follow these rows after commit; see ``order_timeout.scheduling.schedule``."""
     from .scheduling import schedule as _schedule
 
     _schedule(orders)
 
 
-def unschedule(orders: Iterable[AbstractTimeoutOrder]) -> None:
+def unschedule(orders: Iterable[TimeoutOrderMixin]) -> None:
     """Take these orders off the queue after commit; see ``order_timeout.scheduling.unschedule``."""
     from .scheduling import unschedule as _unschedule
 

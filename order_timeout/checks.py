@@ -6,7 +6,9 @@ from typing import Any
 
 from django.conf import settings as django_settings
 from django.core import checks
+from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured
 
+from . import get_order_model
 from .conf import settings
 
 
@@ -40,3 +42,92 @@ def check_use_tz(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
             id="order_timeout.E003",
         )]
     return []
+
+
+@checks.register(checks.Tags.models)
+def check_order_model(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The order model's status declarations must fit its own status field."""
+    try:
+        model = get_order_model()
+    except ImproperlyConfigured:
+        return []  # already raised at start-up, naming the key
+    return check_status_declarations(model)
+
+
+def check_status_declarations(model: Any) -> list[checks.CheckMessage]:
+    """What ``check_order_model`` reports for one model (any ``TimeoutOrderMixin`` subclass)."""
+    name = model.TIMEOUT_STATUS_FIELD
+    try:
+        field = model._meta.get_field(name)
+    except FieldDoesNotExist:
+        return [checks.Error(
+            f"{model.__name__}.TIMEOUT_STATUS_FIELD is {name!r}, which is not a field of "
+            f"{model._meta.label}.",
+            hint="Name the model's own status field in TIMEOUT_STATUS_FIELD.",
+            obj=model, id="order_timeout.E004",
+        )]
+    return [*_declared_values(model, field), *_default_status(model, field), *_index(model)]
+
+
+def _declared_values(model: Any, field: Any) -> list[checks.CheckMessage]:
+    unpaid = tuple(model.TIMEOUT_UNPAID_STATUSES)
+    declared = {"TIMEOUT_UNPAID_STATUSES": unpaid, "TIMEOUT_PAID_STATUS": (model.TIMEOUT_PAID_STATUS,),
+                "TIMEOUT_CLOSED_STATUS": (model.TIMEOUT_CLOSED_STATUS,)}
+    errors: list[checks.CheckMessage] = []
+    if not unpaid or isinstance(model.TIMEOUT_UNPAID_STATUSES, str) or \
+            model.TIMEOUT_PAID_STATUS in unpaid or model.TIMEOUT_CLOSED_STATUS in unpaid or \
+            model.TIMEOUT_PAID_STATUS == model.TIMEOUT_CLOSED_STATUS:
+        errors.append(checks.Error(
+            f"{model.__name__} must declare a tuple of one or more unpaid statuses and a paid and "
+            f"a closed status, all different; got unpaid={model.TIMEOUT_UNPAID_STATUSES!r}, "
+            f"paid={model.TIMEOUT_PAID_STATUS!r}, closed={model.TIMEOUT_CLOSED_STATUS!r}.",
+            hint="For example TIMEOUT_UNPAID_STATUSES = ('Pending',), "
+                 "TIMEOUT_PAID_STATUS = 'Paid', TIMEOUT_CLOSED_STATUS = 'Cancelled'.",
+            obj=model, id="order_timeout.E005",
+        ))
+    choices = {str(value) for value, _label in field.flatchoices} if field.choices else None
+    for attribute, values in declared.items():
+        for value in values:
+            if choices is not None and str(value) not in choices:
+                errors.append(checks.Error(
+                    f"{model.__name__}.{attribute} holds {value!r}, which is not among the "
+                    f"choices of {model._meta.label}.{field.name}.",
+                    hint=f"Use one of {sorted(choices)} or add it to the field's choices.",
+                    obj=model, id="order_timeout.E006",
+                ))
+            max_length = getattr(field, "max_length", None)
+            if max_length is not None and len(str(value)) > max_length:
+                errors.append(checks.Error(
+                    f"{model.__name__}.{attribute} holds {value!r}, longer than the "
+                    f"{max_length} characters of {model._meta.label}.{field.name}.",
+                    hint="Shorten the value or widen the field.",
+                    obj=model, id="order_timeout.E007",
+                ))
+    return errors
+
+
+def _default_status(model: Any, field: Any) -> list[checks.CheckMessage]:
+    default = field.get_default()
+    if default in model.TIMEOUT_UNPAID_STATUSES:
+        return []
+    return [checks.Warning(
+        f"New {model.__name__} orders start in status {default!r}, which is not one of "
+        f"TIMEOUT_UNPAID_STATUSES {tuple(model.TIMEOUT_UNPAID_STATUSES)!r}: they are never "
+        "scheduled and never closed until they move into an unpaid status.",
+        hint="Add the initial status to TIMEOUT_UNPAID_STATUSES, or give the field an unpaid "
+             "default (a base class earlier in the MRO may have set this one).",
+        obj=model, id="order_timeout.W001",
+    )]
+
+
+def _index(model: Any) -> list[checks.CheckMessage]:
+    wanted = [model.TIMEOUT_STATUS_FIELD, "expires_at"]
+    if any(list(index.fields[:2]) == wanted for index in model._meta.indexes):
+        return []
+    return [checks.Warning(
+        f"{model._meta.label} has no index on ({', '.join(wanted)}): the compensation scan and "
+        "the status command would read the whole table.",
+        hint="Combine the Meta classes: class Meta(YourBase.Meta, TimeoutOrderMixin.Meta), and "
+             "if your Meta sets indexes, add *TimeoutOrderMixin.Meta.indexes to them.",
+        obj=model, id="order_timeout.W002",
+    )]

@@ -8,7 +8,9 @@ to each key, so the caller can ack, reschedule or retry.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import random
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -17,10 +19,17 @@ from django.db import Error as DatabaseError, OperationalError, connections, rou
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.transaction import TransactionManagementError
 
-from .models import TIMEOUT_REASON, AbstractTimeoutOrder, Status
+from .dberrors import is_lock_conflict
+from .models import TimeoutOrderMixin
 from .signals import order_expired, orders_expired
 
 logger = logging.getLogger("order_timeout")
+
+# A lock conflict is tried again at once this many times in all, pausing a
+# random 5-50 ms (times the attempt) in between so two colliding transactions
+# do not collide again in step.
+LOCK_CONFLICT_ATTEMPTS = 5
+LOCK_CONFLICT_PAUSE = (0.005, 0.05)
 
 
 @dataclass
@@ -33,7 +42,8 @@ class CloseOutcome:
     # No such row (deleted, or a member from another database).
     missing: list[Any] = field(default_factory=list)
     # Row locked by another transaction (a payment in flight, a long shop
-    # transaction): skipped rather than waited for, so it cannot stall the batch.
+    # transaction), or lock conflicts on every immediate retry: skipped rather
+    # than waited for, so it cannot stall the batch; not a failure.
     busy: list[Any] = field(default_factory=list)
     # Still unpaid, deadline in the future (extended): pk -> the row's deadline.
     not_due: dict[Any, datetime] = field(default_factory=dict)
@@ -50,23 +60,27 @@ class CloseOutcome:
 
 
 def close_expired(
-    model: type[AbstractTimeoutOrder], pks: Sequence[Any], now: datetime
+    model: type[TimeoutOrderMixin], pks: Sequence[Any], now: datetime
 ) -> CloseOutcome:
     """Close the orders among ``pks`` that are still unpaid and due at ``now``.
 
-    If the batch's transaction fails as a whole (a deadlock, a lost
-    connection, a receiver that broke the transaction) while the database
-    still answers, each order is tried again in a transaction of its own, so
-    one bad order cannot hold back the rest of its batch for ever; the orders
-    that fail then are reported failed. Only when the database does not answer
-    is a database error raised: nothing was closed, the caller retries later.
+    A lock conflict (deadlock, lock wait timeout) is tried again at once, a
+    few times with jitter; if it persists the orders are reported busy, to be
+    looked at again shortly, never counted as failed. If the batch's
+    transaction fails as a whole for another reason while the database still
+    answers, each order is tried again in a transaction of its own, so one bad
+    order cannot hold back the rest of its batch for ever; the orders that
+    fail then are reported failed. Only when the database does not answer is
+    a database error raised: nothing was closed, the caller retries later.
     """
     using = router.db_for_write(model)
+    connection = connections[using]
     try:
-        return _close_batch(model, pks, now, using)
+        return _retrying_lock_conflicts(connection, lambda: _close_batch(model, pks, now, using))
+    except _StillConflicting:
+        return CloseOutcome(busy=list(pks))
     except Exception as exc:
         batch_error = exc
-    connection = connections[using]
     if connection.in_atomic_block:
         # The caller's transaction is broken too; only the caller can roll it back.
         raise batch_error
@@ -80,12 +94,35 @@ def close_expired(
                    len(pks), type(batch_error).__name__, batch_error)
     for pk in pks:
         try:
-            outcome.merge(_close_batch(model, [pk], now, using))
+            outcome.merge(_retrying_lock_conflicts(
+                connection, lambda pk=pk: _close_batch(model, [pk], now, using)))
+        except _StillConflicting:
+            outcome.busy.append(pk)
         except Exception as exc:
             if not _database_answers(connection):
                 raise _unreachable(exc)  # noqa: B904 (_unreachable chains the cause itself)
             outcome.failed[pk] = exc
     return outcome
+
+
+class _StillConflicting(Exception):
+    """Every immediate retry met a lock conflict too."""
+
+
+def _retrying_lock_conflicts(connection: BaseDatabaseWrapper,
+                             close: Callable[[], CloseOutcome]) -> CloseOutcome:
+    """Run ``close``; on a lock conflict roll back, wait a few random ms, and run it again."""
+    for attempt in range(1, LOCK_CONFLICT_ATTEMPTS + 1):
+        try:
+            return close()
+        except Exception as exc:
+            if not is_lock_conflict(exc) or connection.in_atomic_block:
+                raise
+            logger.info("Lock conflict while closing (%s); trying again at once (%d/%d).",
+                        exc, attempt, LOCK_CONFLICT_ATTEMPTS)
+            if attempt < LOCK_CONFLICT_ATTEMPTS:
+                time.sleep(random.uniform(*LOCK_CONFLICT_PAUSE) * attempt)
+    raise _StillConflicting
 
 
 def _unreachable(error: Exception) -> DatabaseError:
@@ -108,7 +145,7 @@ def _database_answers(connection: BaseDatabaseWrapper) -> bool:
 
 
 def _close_batch(
-    model: type[AbstractTimeoutOrder], pks: Sequence[Any], now: datetime, using: str
+    model: type[TimeoutOrderMixin], pks: Sequence[Any], now: datetime, using: str
 ) -> CloseOutcome:
     """One transaction: lock, re-check and close ``pks``.
 
@@ -121,25 +158,28 @@ def _close_batch(
     receivers run inside one savepoint. Only if a receiver raises is that
     savepoint rolled back and the batch closed again order by order, each in
     its own savepoint, so the order whose receiver raises stays open alone.
+    A lock conflict is raised instead: the whole transaction is tried again.
     """
     outcome = CloseOutcome()
     if not pks:
         return outcome
-    manager = model._default_manager.db_manager(using)
+    # The base manager: a shop's default manager may hide rows (soft delete, tenants).
+    manager = model._base_manager.db_manager(using)
     skip_locked = connections[using].features.has_select_for_update_skip_locked
     with transaction.atomic(using=using):
         locked = manager.select_for_update(skip_locked=skip_locked).filter(pk__in=pks)
         rows = {order.pk: order for order in locked}
         absent = [pk for pk in pks if pk not in rows]
         busy = set(manager.filter(pk__in=absent).values_list("pk", flat=True)) if absent else set()
-        due: list[AbstractTimeoutOrder] = []
+        due: list[TimeoutOrderMixin] = []
         for pk in pks:
             order = rows.get(pk)
             if pk in busy:
                 outcome.busy.append(pk)
             elif order is None:
                 outcome.missing.append(pk)
-            elif order.status != Status.UNPAID:
+            elif not order.awaits_payment:
+                # Settled, or its deadline was taken away: nothing to close.
                 outcome.settled.append(pk)
             elif order.expires_at > now:
                 outcome.not_due[pk] = order.expires_at
@@ -150,14 +190,14 @@ def _close_batch(
                 with transaction.atomic(using=using):
                     _close(manager, due, now)
             except _ReceiverFailed as failure:
-                if _connection_broken(using):
+                if _connection_broken(using) or is_lock_conflict(failure.error):
                     raise failure.error from None
                 # This order's try has failed; the rest of the batch goes on.
                 outcome.failed[failure.order.pk] = failure.error
                 rest = [order for order in due if order is not failure.order]
                 _close_one_by_one(manager, rest, now, outcome, using)
-            except Exception:
-                if _connection_broken(using):
+            except Exception as exc:
+                if _connection_broken(using) or is_lock_conflict(exc):
                     raise
                 _close_one_by_one(manager, due, now, outcome, using)
             else:
@@ -168,7 +208,7 @@ def _close_batch(
 class _ReceiverFailed(Exception):
     """A receiver of ``order_expired`` raised ``error`` for ``order``."""
 
-    def __init__(self, order: AbstractTimeoutOrder, error: Exception) -> None:
+    def __init__(self, order: TimeoutOrderMixin, error: Exception) -> None:
         super().__init__(order.pk, error)
         self.order, self.error = order, error
 
@@ -181,7 +221,7 @@ def _connection_broken(using: str) -> bool:
     return transaction.get_connection(using).needs_rollback
 
 
-def _close_one_by_one(manager: Any, due: list[AbstractTimeoutOrder], now: datetime,
+def _close_one_by_one(manager: Any, due: list[TimeoutOrderMixin], now: datetime,
                       outcome: CloseOutcome, using: str) -> None:
     """Close each order in a savepoint of its own, so a failing one fails alone."""
     for order in due:
@@ -190,23 +230,23 @@ def _close_one_by_one(manager: Any, due: list[AbstractTimeoutOrder], now: dateti
                 _close(manager, [order], now)
         except Exception as exc:
             error = exc.error if isinstance(exc, _ReceiverFailed) else exc
-            if _connection_broken(using):
+            if _connection_broken(using) or is_lock_conflict(error):
                 raise error from None
             outcome.failed[order.pk] = error
         else:
             outcome.closed.append(order.pk)
 
 
-def _close(manager: Any, orders: list[AbstractTimeoutOrder], now: datetime) -> None:
+def _close(manager: Any, orders: list[TimeoutOrderMixin], now: datetime) -> None:
     """UPDATE ``orders`` to closed and send their signals; a receiver's failure names its order."""
-    values = {"status": Status.CLOSED, "closed_at": now, "close_reason": TIMEOUT_REASON}
-    manager.filter(pk__in=[order.pk for order in orders], status=Status.UNPAID).update(**values)
-    sender = type(orders[0])
+    model = type(orders[0])
+    values = model.closing_values(now)
+    manager.filter(model.unpaid_q(), pk__in=[order.pk for order in orders]).update(**values)
     for order in orders:
-        for name, value in values.items():
-            setattr(order, name, value)
+        previous = order.timeout_status
+        order._apply_close(values)
         try:
-            order_expired.send(sender=sender, order=order)
+            order_expired.send(sender=model, order=order, previous_status=previous)
             if transaction.get_rollback(using=manager.db):
                 # set_rollback(True) would undo the close silently, yet we would ack it.
                 raise TransactionManagementError("a receiver marked the close for rollback")
@@ -214,4 +254,4 @@ def _close(manager: Any, orders: list[AbstractTimeoutOrder], now: datetime) -> N
             raise _ReceiverFailed(order, exc) from exc
     # A batch receiver that raises fails the whole batch; the one-by-one
     # fallback then gives each order a batch of its own.
-    orders_expired.send(sender=sender, orders=orders)
+    orders_expired.send(sender=model, orders=orders)

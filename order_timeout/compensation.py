@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import router
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from . import deadletters, get_order_model
@@ -27,7 +27,8 @@ from .closing import close_expired
 from .codec import deadline_score, order_member
 from .conf import settings
 from .exceptions import QueueUnavailable
-from .models import AbstractTimeoutOrder, Status
+from .keyset import rows_by_deadline
+from .models import TimeoutOrderMixin
 from .queue import TimeoutQueue
 
 logger = logging.getLogger("order_timeout")
@@ -60,21 +61,6 @@ class ScanResult:
         return asdict(self)
 
 
-def _chunks(queryset: QuerySet[Any], size: int) -> Iterator[list[tuple[Any, datetime]]]:
-    """(pk, expires_at) rows in index order, a chunk at a time, by keyset."""
-    ordered = queryset.order_by("expires_at", "pk").values_list("pk", "expires_at")
-    after: tuple[datetime, Any] | None = None
-    while True:
-        page = ordered
-        if after is not None:
-            page = page.filter(Q(expires_at__gt=after[0]) | Q(expires_at=after[0], pk__gt=after[1]))
-        rows = list(page[:size])
-        if not rows:
-            return
-        yield rows
-        after = (rows[-1][1], rows[-1][0])
-
-
 class CompensationScan:
     """One run of the scan; ``run()`` takes the lock, walks the index, releases the lock."""
 
@@ -83,7 +69,7 @@ class CompensationScan:
         *,
         rebuild: bool = False,
         dry_run: bool = False,
-        model: type[AbstractTimeoutOrder] | None = None,
+        model: type[TimeoutOrderMixin] | None = None,
         queue: TimeoutQueue | None = None,
         now: datetime | None = None,
         grace: float | None = None,
@@ -128,7 +114,7 @@ class CompensationScan:
 
     def _walk(self, queryset: QuerySet[Any], token: str) -> Iterator[list[tuple[Any, datetime]]]:
         total = queryset.count() if self.progress else 0
-        for rows in _chunks(queryset, self.chunk_size):
+        for rows in rows_by_deadline(queryset, self.chunk_size):
             # Renewed before each chunk, so the lock outlives any chunk that
             # takes less than COMPENSATION_LOCK_SECONDS.
             if not self._renew(token):
@@ -166,10 +152,10 @@ class CompensationScan:
 
     def _orders(self) -> QuerySet[Any]:
         # The primary: a replica may lag behind the closes this scan makes.
-        return self.model._default_manager.db_manager(router.db_for_write(self.model)).all()
+        return self.model._base_manager.db_manager(router.db_for_write(self.model)).all()
 
     def _close_overdue(self, token: str) -> None:
-        overdue = self._orders().filter(status=Status.UNPAID, expires_at__lt=self.now - self.grace)
+        overdue = self._orders().filter(self.model.unpaid_q(), expires_at__lt=self.now - self.grace)
         for rows in self._walk(overdue, token):
             if self.result.dry_run:
                 continue
@@ -196,7 +182,7 @@ class CompensationScan:
     def _rebuild(self, token: str) -> None:
         # Future deadlines only: overdue orders are the close scan's (and a
         # dead-lettered one must not be retried behind the staff's back).
-        upcoming = self._orders().filter(status=Status.UNPAID, expires_at__gt=self.now)
+        upcoming = self._orders().filter(self.model.unpaid_q(), expires_at__gt=self.now)
         for rows in self._walk(upcoming, token):
             deadlines = {order_member(pk): deadline_score(expires_at) for pk, expires_at in rows}
             missing = self.queue.missing(deadlines)

@@ -33,7 +33,7 @@ DEFAULTS: dict[str, Any] = {
     # Longest idle sleep of the consumer, in seconds: bounds how late it notices
     # a deadline added by another process while it sleeps.
     "MAX_WAIT": 1.0,
-    # "app_label.ModelName" of the order model, a subclass of AbstractTimeoutOrder.
+    # "app_label.ModelName" of the order model, a subclass of TimeoutOrderMixin.
     "ORDER_MODEL": "order_timeout.Order",
     # Seconds to wait before each retry of an order whose close failed; after
     # the last one, the order becomes a dead letter (seed 002: 10 s, 30 s, 60 s).

@@ -24,7 +24,7 @@ from .closing import close_expired
 from .codec import deadline_score, now_score, parse_member
 from .conf import MAX_BATCH_SIZE, settings
 from .exceptions import QueueUnavailable
-from .models import AbstractTimeoutOrder
+from .models import TimeoutOrderMixin
 from .deadletters import Failure
 from .queue import Claim, TimeoutQueue, WakeListener
 
@@ -74,7 +74,7 @@ class Consumer:
     def __init__(
         self,
         queue: TimeoutQueue | None = None,
-        model: type[AbstractTimeoutOrder] | None = None,
+        model: type[TimeoutOrderMixin] | None = None,
         *,
         batch_size: int | None = None,
         max_wait: float | None = None,

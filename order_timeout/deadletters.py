@@ -19,7 +19,7 @@ from django.db import router, transaction
 
 from .closing import close_expired
 from .codec import deadline_score, order_member
-from .models import AbstractTimeoutOrder, DeadLetter, Status
+from .models import DeadLetter, TimeoutOrderMixin
 from .queue import TimeoutQueue
 
 
@@ -47,13 +47,13 @@ def _describe(error: BaseException) -> tuple[str, str]:
     return name[:255], "".join(traceback.format_exception(error)).strip()
 
 
-def record(model: type[AbstractTimeoutOrder], failures: Sequence[Failure], now: datetime) -> None:
+def record(model: type[TimeoutOrderMixin], failures: Sequence[Failure], now: datetime) -> None:
     """Write (or update) one open dead letter per failed order."""
     label = model._meta.label
     with transaction.atomic(using=_db()):
         # Lock the orders: two consumers burying the same order (a lease that
         # ran out mid-batch) then write one letter, not two.
-        list(model._default_manager.db_manager(_db()).select_for_update()
+        list(model._base_manager.db_manager(_db()).select_for_update()
              .filter(pk__in=[failure.pk for failure in failures]).values_list("pk"))
         for failure in failures:
             error_type, last_error = _describe(failure.error)
@@ -69,8 +69,8 @@ def record(model: type[AbstractTimeoutOrder], failures: Sequence[Failure], now: 
 
 def _open_by_model(
     letters: Iterable[DeadLetter],
-) -> dict[type[AbstractTimeoutOrder], list[DeadLetter]]:
-    grouped: dict[type[AbstractTimeoutOrder], list[DeadLetter]] = defaultdict(list)
+) -> dict[type[TimeoutOrderMixin], list[DeadLetter]]:
+    grouped: dict[type[TimeoutOrderMixin], list[DeadLetter]] = defaultdict(list)
     for letter in letters:
         if not letter.is_resolved:
             grouped[apps.get_model(letter.order_model)].append(letter)
@@ -86,7 +86,7 @@ def _resolve(letter: DeadLetter, resolution: str, user: Any, now: datetime) -> b
     return bool(resolved)
 
 
-def resolve_settled(model: type[AbstractTimeoutOrder], closed: Sequence[Any],
+def resolve_settled(model: type[TimeoutOrderMixin], closed: Sequence[Any],
                     settled: Sequence[Any], now: datetime) -> None:
     """Resolve the open letters of orders closed or settled outside the admin (by the scan)."""
     for pks, resolution in ((closed, DeadLetter.Resolution.CLOSED),
@@ -113,14 +113,14 @@ def requeue(letters: Iterable[DeadLetter], user: Any, now: datetime,
         with transaction.atomic(using=using), transaction.atomic(using=_db()):
             # Locked, so a payment racing the requeue waits, and then the
             # consumer's own check sees it paid.
-            rows = model._default_manager.db_manager(using).select_for_update().in_bulk(
+            rows = model._base_manager.db_manager(using).select_for_update().in_bulk(
                 [letter.order_id for letter in group])
             deadlines: dict[str, int] = {}
             for letter in group:
                 order = rows.get(model._meta.pk.to_python(letter.order_id))
                 if order is None:
                     counts["missing"] += 1
-                elif order.status != Status.UNPAID:
+                elif not order.awaits_payment:
                     if _resolve(letter, DeadLetter.Resolution.SETTLED, user, now):
                         counts["settled"] += 1
                 elif _resolve(letter, DeadLetter.Resolution.REQUEUED, user, now):

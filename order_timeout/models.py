@@ -3,20 +3,27 @@
 Redis only mirrors it. Every state change here is a conditional UPDATE on the
 status, so a payment and a timeout racing for the same row are serialised by
 the database and exactly one of them wins.
+
+A shop keeps its own order model and its own status field: it inherits
+``TimeoutOrderMixin`` and declares which of its values mean unpaid, paid and
+closed, the way ``AbstractBaseUser`` declares ``USERNAME_FIELD``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from django.conf import settings as django_settings
 from django.db import models, router, transaction
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from .conf import settings
 from .exceptions import OrderClosed, StaleOrderStatus
+from .signals import timeout_state_changed
 
 TIMEOUT_REASON = "timeout"
 
@@ -32,8 +39,219 @@ def default_deadline() -> datetime:
     return timezone.now() + timedelta(seconds=settings.DEFAULT_TIMEOUT)
 
 
-class AbstractTimeoutOrder(models.Model):
-    """Inherit this in your own Order model and name it in ``ORDER_TIMEOUT['ORDER_MODEL']``."""
+class DeadlineIndex(models.Index):
+    """The ``(status field, expires_at)`` index, on whatever field the model names as its status.
+
+    The field is only known once the concrete model exists, so it is filled in
+    when Django names the index. Migrations see a plain ``models.Index``.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("fields", ["status", "expires_at"])
+        super().__init__(**kwargs)
+
+    def set_name_with_model(self, model: type[models.Model]) -> None:
+        self.fields = [getattr(model, "TIMEOUT_STATUS_FIELD", "status"), "expires_at"]
+        self.fields_orders = [(name, "") for name in self.fields]
+        super().set_name_with_model(model)
+
+    def deconstruct(self) -> Any:
+        _path, args, kwargs = super().deconstruct()
+        return "django.db.models.Index", args, kwargs
+
+    def clone(self) -> models.Index:
+        """A plain Index: what migrations hold, so the autodetector sees no change."""
+        _path, args, kwargs = self.deconstruct()
+        return models.Index(*args, **kwargs)
+
+
+class TimeoutOrderMixin(models.Model):
+    """Give an existing order model a payment deadline, keeping its own status field and values.
+
+    Adds only ``expires_at`` (NULL: no deadline, never scheduled or scanned),
+    ``closed_at``, ``close_reason`` and the ``(status field, expires_at)``
+    index. Declare how the model's own status field says unpaid, paid and
+    closed; every other value is settled: never scheduled, never closed, and
+    free to move to any other settled value.
+    """
+
+    # The name of the model's own status field; the mixin never defines it.
+    TIMEOUT_STATUS_FIELD: ClassVar[str] = "status"
+    # The values in which the deadline runs.
+    TIMEOUT_UNPAID_STATUSES: ClassVar[tuple[str, ...]] = ("unpaid",)
+    # What mark_paid() writes.
+    TIMEOUT_PAID_STATUS: ClassVar[str] = "paid"
+    # What a timeout close writes.
+    TIMEOUT_CLOSED_STATUS: ClassVar[str] = "closed"
+
+    expires_at = models.DateTimeField(
+        _("payment deadline"), null=True, blank=True,
+        help_text=_("An unpaid order is closed once this moment has passed; empty: no deadline."),
+    )
+    closed_at = models.DateTimeField(_("closed at"), null=True, blank=True)
+    close_reason = models.CharField(_("close reason"), max_length=32, blank=True, default="")
+
+    class Meta:
+        abstract = True
+        # The compensation scan and the admin's "overdue" view walk this index.
+        indexes = [DeadlineIndex()]
+
+    # -- reading the status -------------------------------------------------
+
+    @property
+    def timeout_status(self) -> Any:
+        """The value of the model's own status field."""
+        return getattr(self, self.TIMEOUT_STATUS_FIELD)
+
+    @property
+    def is_unpaid(self) -> bool:
+        return self.timeout_status in self.TIMEOUT_UNPAID_STATUSES
+
+    @property
+    def awaits_payment(self) -> bool:
+        """Unpaid with a deadline: the order belongs on the queue."""
+        return self.is_unpaid and self.expires_at is not None
+
+    @classmethod
+    def unpaid_q(cls) -> Q:
+        """Rows in an unpaid status."""
+        return Q(**{f"{cls.TIMEOUT_STATUS_FIELD}__in": cls.TIMEOUT_UNPAID_STATUSES})
+
+    @classmethod
+    def closing_values(cls, now: datetime) -> dict[str, Any]:
+        """The columns a timeout close writes."""
+        return {cls.TIMEOUT_STATUS_FIELD: cls.TIMEOUT_CLOSED_STATUS, "closed_at": now,
+                "close_reason": TIMEOUT_REASON}
+
+    # -- what the queue last saw ---------------------------------------------
+
+    @classmethod
+    def from_db(cls, *args: Any, **kwargs: Any) -> Any:
+        instance = super().from_db(*args, **kwargs)
+        instance._remember_db_status()
+        instance._remember_queue_state()
+        return instance
+
+    def _remember_db_status(self) -> None:
+        """The status this copy last read or wrote, so a save can tell a stale copy."""
+        self._db_status = self.__dict__.get(self.TIMEOUT_STATUS_FIELD)
+
+    def _apply_close(self, values: dict[str, Any]) -> None:
+        """This copy was closed by ``values`` in the database (by the consumer or the scan)."""
+        for name, value in values.items():
+            setattr(self, name, value)
+        self._remember_db_status()
+
+    def _remember_queue_state(self) -> None:
+        """Status and deadline as the database holds them, so an unrelated save leaves Redis alone."""
+        self._queue_state = (self.__dict__.get(self.TIMEOUT_STATUS_FIELD),
+                             self.__dict__.get("expires_at"))
+
+    def queue_state_changed(self) -> bool:
+        return getattr(self, "_queue_state", None) != (self.timeout_status, self.expires_at)
+
+    # -- saving ----------------------------------------------------------------
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Save, refusing a status write that would reopen a closed order or unsettle a settled one.
+
+        A new unpaid order saved without a deadline gets ``DEFAULT_TIMEOUT``.
+        For an existing row the check locks it first, so it cannot race the
+        consumer; moves between settled values are the shop's business.
+        """
+        if self._state.adding and self.expires_at is None and self.is_unpaid:
+            self.expires_at = default_deadline()
+        update_fields = kwargs.get("update_fields")
+        writes_status = update_fields is None or self.TIMEOUT_STATUS_FIELD in update_fields
+        if self._state.adding or self.pk is None or not writes_status:
+            super().save(*args, **kwargs)
+            if writes_status:
+                self._remember_db_status()
+            return
+        using = kwargs.get("using") or self._state.db or router.db_for_write(type(self), instance=self)
+        with transaction.atomic(using=using):
+            current = (type(self)._base_manager.db_manager(using).select_for_update()
+                       .filter(pk=self.pk).values_list(self.TIMEOUT_STATUS_FIELD, flat=True).first())
+            if current is not None:
+                self._refuse_unsafe_move(current)
+            super().save(*args, **kwargs)
+        self._remember_db_status()
+
+    def _refuse_unsafe_move(self, current: Any) -> None:
+        new = self.timeout_status
+        if new == current:
+            return
+        name = f"{type(self).__name__} {self.pk!r}"
+        unpaid = self.TIMEOUT_UNPAID_STATUSES
+        if new in unpaid and current not in unpaid:
+            raise StaleOrderStatus(
+                f"{name} is {current!r} in the database; refusing to move it back to the unpaid "
+                f"status {new!r} (it would be put back on the timeout queue).")
+        if current != self.TIMEOUT_CLOSED_STATUS:
+            return
+        if new == self.TIMEOUT_PAID_STATUS:
+            raise OrderClosed(f"{name} was closed by its deadline; it cannot be paid now.")
+        if getattr(self, "_db_status", None) != current:
+            # This copy still thought the order open: its author never saw the close.
+            raise StaleOrderStatus(
+                f"{name} was closed by its deadline since this copy was loaded; "
+                f"refusing to move it to {new!r}.")
+
+    # -- payment and deadline ------------------------------------------------
+
+    def _conditional_update(self, **values: Any) -> bool:
+        """UPDATE this row only while it is unpaid; True if it was."""
+        using = self._state.db or router.db_for_write(type(self), instance=self)
+        manager = type(self)._base_manager.db_manager(using)
+        updated = manager.filter(self.unpaid_q(), pk=self.pk).update(**values)
+        if updated:
+            for name, value in values.items():
+                setattr(self, name, value)
+            self._remember_db_status()
+            self._remember_queue_state()
+            return True
+        current = manager.filter(pk=self.pk).values_list(self.TIMEOUT_STATUS_FIELD, flat=True).first()
+        if current is None:
+            raise type(self).DoesNotExist(f"{type(self).__name__} {self.pk!r} does not exist.")
+        setattr(self, self.TIMEOUT_STATUS_FIELD, current)
+        self._remember_db_status()
+        if current == self.TIMEOUT_CLOSED_STATUS:
+            raise OrderClosed(f"{type(self).__name__} {self.pk!r} was already closed.")
+        return False
+
+    def mark_paid(self, **fields: Any) -> bool:
+        """Write ``TIMEOUT_PAID_STATUS`` (with any extra ``fields``) and take the order off the queue.
+
+        Returns True when this call paid it and False when it was already
+        settled otherwise (a retried payment callback). Raises ``OrderClosed``
+        when the deadline closed it first: the payment must then be refunded.
+        """
+        paid = self._conditional_update(**{self.TIMEOUT_STATUS_FIELD: self.TIMEOUT_PAID_STATUS},
+                                        **fields)
+        if paid:
+            timeout_state_changed.send(sender=type(self), orders=[self])
+        return paid
+
+    def extend_deadline(self, until: datetime) -> bool:
+        """Move the deadline of an unpaid order to ``until`` and reschedule it.
+
+        Returns False when the order is settled (paid); raises ``OrderClosed``
+        when it was closed first.
+        """
+        if timezone.is_naive(until):
+            raise ValueError("extend_deadline() needs an aware datetime.")
+        extended = self._conditional_update(expires_at=until)
+        if extended:
+            timeout_state_changed.send(sender=type(self), orders=[self])
+        return extended
+
+
+class AbstractTimeoutOrder(TimeoutOrderMixin):
+    """A whole order model: the mixin plus a ``status`` field of its own and ``created_at``.
+
+    For shops starting from scratch; a shop with an order model of its own
+    inherits ``TimeoutOrderMixin`` instead and keeps its status field.
+    """
 
     Status = Status
 
@@ -44,97 +262,10 @@ class AbstractTimeoutOrder(models.Model):
         _("payment deadline"), default=default_deadline,
         help_text=_("An unpaid order is closed once this moment has passed."),
     )
-    closed_at = models.DateTimeField(_("closed at"), null=True, blank=True)
-    close_reason = models.CharField(_("close reason"), max_length=32, blank=True, default="")
     created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)
 
-    class Meta:
+    class Meta(TimeoutOrderMixin.Meta):
         abstract = True
-        # The compensation scan and the admin's "overdue" view walk this index.
-        indexes = [models.Index(fields=["status", "expires_at"])]
-
-    @classmethod
-    def from_db(cls, db: str | None, field_names: Any, values: Any) -> Any:
-        instance = super().from_db(db, field_names, values)
-        instance._remember_queue_state()
-        return instance
-
-    def _remember_queue_state(self) -> None:
-        """What the queue last saw of this row, so an unrelated save leaves Redis alone."""
-        self._queue_state = (self.__dict__.get("status"), self.__dict__.get("expires_at"))
-
-    def queue_state_changed(self) -> bool:
-        return getattr(self, "_queue_state", None) != (self.status, self.expires_at)
-
-    def save(self, *args: Any, **kwargs: Any) -> None:
-        """Save, refusing to write over a row that was paid or closed since this object was loaded.
-
-        Paid and closed are final: a stale copy saved as unpaid would put a
-        closed order back on the queue (closed twice) or a paid one (closed
-        after payment). The check locks the row, so it cannot race the consumer.
-        """
-        update_fields = kwargs.get("update_fields")
-        writes_status = update_fields is None or "status" in update_fields
-        if self._state.adding or self.pk is None or not writes_status:
-            super().save(*args, **kwargs)
-            return
-        using = kwargs.get("using") or self._state.db or router.db_for_write(type(self), instance=self)
-        with transaction.atomic(using=using):
-            current = (type(self)._default_manager.db_manager(using).select_for_update()
-                       .filter(pk=self.pk).values_list("status", flat=True).first())
-            if current not in (None, Status.UNPAID, self.status):
-                raise StaleOrderStatus(
-                    f"{type(self).__name__} {self.pk!r} is {current} in the database; "
-                    f"refusing to save it as {self.status}."
-                )
-            super().save(*args, **kwargs)
-
-    def _conditional_update(self, **values: Any) -> bool:
-        """UPDATE this row only while it is unpaid; True if it was."""
-        using = self._state.db or router.db_for_write(type(self), instance=self)
-        manager = type(self)._default_manager.db_manager(using)
-        updated = manager.filter(pk=self.pk, status=Status.UNPAID).update(**values)
-        if updated:
-            for name, value in values.items():
-                setattr(self, name, value)
-            self._remember_queue_state()
-            return True
-        current = manager.filter(pk=self.pk).values_list("status", flat=True).first()
-        if current is None:
-            raise type(self).DoesNotExist(f"{type(self).__name__} {self.pk!r} does not exist.")
-        self.status = current
-        if current == Status.CLOSED:
-            raise OrderClosed(f"{type(self).__name__} {self.pk!r} was already closed.")
-        return False
-
-    def mark_paid(self, **fields: Any) -> bool:
-        """Mark the order paid (with any extra ``fields``) and take it off the queue.
-
-        Returns True when this call paid it and False when it was already paid
-        (payment callbacks get retried). Raises ``OrderClosed`` when the
-        deadline closed it first: the payment must then be refunded.
-        """
-        from .scheduling import unschedule
-
-        paid = self._conditional_update(status=Status.PAID, **fields)
-        if paid:
-            unschedule([self])
-        return paid
-
-    def extend_deadline(self, until: datetime) -> bool:
-        """Move the deadline of an unpaid order to ``until`` and reschedule it.
-
-        Returns False when the order is already paid; raises ``OrderClosed``
-        when it was closed first.
-        """
-        from .scheduling import schedule
-
-        if timezone.is_naive(until):
-            raise ValueError("extend_deadline() needs an aware datetime.")
-        extended = self._conditional_update(expires_at=until)
-        if extended:
-            schedule([self])
-        return extended
 
 
 class Order(AbstractTimeoutOrder):
@@ -147,6 +278,11 @@ class Order(AbstractTimeoutOrder):
 
     def __str__(self) -> str:
         return f"Order {self.pk} ({self.status})"
+
+
+def statuses_of(model: type[TimeoutOrderMixin]) -> Iterable[Any]:
+    """Every status value the model declares, unpaid first."""
+    return (*model.TIMEOUT_UNPAID_STATUSES, model.TIMEOUT_PAID_STATUS, model.TIMEOUT_CLOSED_STATUS)
 
 
 class DeadLetter(models.Model):

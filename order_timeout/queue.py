@@ -181,14 +181,12 @@ class TimeoutQueue:
         )
 
     def ack(self, members: Iterable[str]) -> None:
-        """Done with these members: drop their leases and retry state."""
-        members = list(members)
-        if not members:
-            return
-        with _redis_errors("ack"):
-            pipe = self.client.pipeline(transaction=True)
-            self._forget_lease(pipe, members)
-            pipe.execute()
+        """Done with these members for good (closed, paid, gone): forget them everywhere.
+
+        Pending too, not only the lease: another consumer that found the row
+        locked while this one closed it may have put the member back already.
+        """
+        self.unschedule(members)
 
     def retry(self, members: Iterable[str], now_ms: int, delays_ms: list[int]) -> list[Retry]:
         """Count a failed attempt for each leased member and schedule its next try."""

@@ -85,6 +85,8 @@ CACHES = {
 
 ORDER_TIMEOUT = {
     "KEY_PREFIX": os.environ.get("ORDER_TIMEOUT_KEY_PREFIX", "order_timeout"),
+    # Tests run the core behaviours against the app's Order and the shop's own ShopOrder.
+    "ORDER_MODEL": os.environ.get("ORDER_TIMEOUT_ORDER_MODEL", "order_timeout.Order"),
 }
 # Tests that run the consumer or a Celery worker in another process tune them here.
 for _key in ("LEASE_SECONDS", "COMPENSATION_GRACE", "COMPENSATION_INTERVAL"):

@@ -18,14 +18,19 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+from django.apps import apps
+from django.conf import settings as django_settings
 from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 from django_redis import get_redis_connection
 
+from order_timeout import get_order_model
+from order_timeout.conf import settings as order_settings
 from order_timeout.consumer import Consumer
-from order_timeout.models import Order
+from order_timeout.models import TimeoutOrderMixin
 from order_timeout.queue import TimeoutQueue
+from order_timeout.scheduling import connect_receivers, disconnect_receivers
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,12 +77,35 @@ def consumer(clock: Clock) -> Callable[..., Consumer]:
     return build
 
 
+# The order models the core behaviours are proven on: the app's own, and a
+# shop's own model with its own status field, values and pipeline.
+ORDER_MODELS = ["order_timeout.Order", "shop.ShopOrder"]
+both_models = pytest.mark.parametrize("order_model", ORDER_MODELS, indirect=True,
+                                      ids=["Order", "ShopOrder"])
+
+
 @pytest.fixture
-def make_order(clock: Clock) -> Callable[..., Order]:
+def order_model(request: pytest.FixtureRequest) -> Iterator[type[TimeoutOrderMixin]]:
+    """The configured order model: ``Order`` unless a test is parametrized with ``both_models``."""
+    label = getattr(request, "param", "order_timeout.Order")
+    model = apps.get_model(label)
+    if model is get_order_model():
+        yield model
+        return
+    with override_settings(ORDER_TIMEOUT={**django_settings.ORDER_TIMEOUT, "ORDER_MODEL": label}):
+        connect_receivers(model)
+        try:
+            yield model
+        finally:
+            disconnect_receivers(model)
+
+
+@pytest.fixture
+def make_order(clock: Clock, order_model: type[TimeoutOrderMixin]) -> Callable[..., Any]:
     """Create an order whose deadline is ``in_seconds`` from the test clock's now."""
 
-    def make(in_seconds: float = -1, **fields: Any) -> Order:
-        return Order.objects.create(expires_at=clock() + timedelta(seconds=in_seconds), **fields)
+    def make(in_seconds: float = -1, **fields: Any) -> Any:
+        return order_model.objects.create(expires_at=clock() + timedelta(seconds=in_seconds), **fields)
 
     return make
 
@@ -95,7 +123,8 @@ class ConsumerProcess:
     """``manage.py run_timeout_consumer`` in its own process, on the test database."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        full_env = {**os.environ, "DATABASE_URL": database_url(), **(env or {})}
+        full_env = {**os.environ, "DATABASE_URL": database_url(),
+                    "ORDER_TIMEOUT_ORDER_MODEL": order_settings.ORDER_MODEL, **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, str(PROJECT_ROOT / "manage.py"), "run_timeout_consumer", *args],
             cwd=PROJECT_ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -20,7 +20,8 @@ from order_timeout.models import Order
 from order_timeout.signals import order_expired, orders_expired
 from testproject.shop.models import Expiry, Purchase
 
-from .conftest import Clock, running, wait_for
+from .conftest import Clock, both_models, running, wait_for
+from .helpers import expiries, set_state, state
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -40,17 +41,14 @@ def receiver() -> Iterator[Callable[[Callable[..., None]], Callable[..., None]]]
         order_expired.disconnect(func)
 
 
-def expiries(order):
-    return Expiry.objects.filter(order_id=str(order.pk)).count()
-
-
+@both_models
 def test_due_order_is_closed_with_reason_timeout_and_signal_fired_once(consumer, make_order, queue, clock):
     order = make_order(in_seconds=-1)
 
     stats = consumer().run(once=True)
 
     order.refresh_from_db()
-    assert order.status == Order.Status.CLOSED
+    assert state(order) == "closed"
     assert order.close_reason == "timeout"
     assert order.closed_at == clock()
     assert expiries(order) == 1
@@ -58,16 +56,18 @@ def test_due_order_is_closed_with_reason_timeout_and_signal_fired_once(consumer,
     assert queue.leased_members() == [] and queue.pending_count() == 0
 
 
+@both_models
 def test_order_not_yet_due_is_left_alone(consumer, make_order, queue):
     order = make_order(in_seconds=5)
 
     consumer().run(once=True)
 
     order.refresh_from_db()
-    assert order.status == Order.Status.UNPAID
+    assert state(order) == "unpaid"
     assert queue.score_of(str(order.pk)) == deadline_score(order.expires_at)
 
 
+@both_models
 def test_expired_order_is_closed_exactly_once_even_when_claimed_again(consumer, make_order, queue, clock):
     order = make_order(in_seconds=-1)
     first = consumer()
@@ -81,47 +81,50 @@ def test_expired_order_is_closed_exactly_once_even_when_claimed_again(consumer, 
     assert queue.pending_count() == 0 and queue.leased_members() == []
 
 
-def test_paid_order_is_never_closed_when_paid_after_claim(consumer, make_order, queue, clock):
+@both_models
+def test_paid_order_is_never_closed_when_paid_after_claim(consumer, make_order, order_model, queue,
+                                                         clock):
     """Seed pitfall 2: the member is still in Redis, but the row says paid."""
     order = make_order(in_seconds=-1)
     worker = consumer()
     claim = worker.claim(clock())
     assert claim.members == [str(order.pk)]
 
-    Order.objects.get(pk=order.pk).mark_paid()
+    order_model.objects.get(pk=order.pk).mark_paid()
     worker.process(claim.members, clock())
 
-    order.refresh_from_db()
-    assert order.status == Order.Status.PAID
+    assert state(order) == "paid"
     assert expiries(order) == 0
     assert queue.leased_members() == []
 
 
+@both_models
 def test_pitfall_2_paid_order_whose_zrem_was_lost_is_never_closed(consumer, make_order, queue):
     """Seed pitfall 2, the other way round: ZREM never reached Redis."""
     order = make_order(in_seconds=-1)
-    Order.objects.filter(pk=order.pk).update(status=Order.Status.PAID)
+    set_state(order, "paid")
 
     stats = consumer().run(once=True)
 
-    order.refresh_from_db()
-    assert order.status == Order.Status.PAID
+    assert state(order) == "paid"
     assert stats.skipped_paid == 1 and expiries(order) == 0
     assert queue.leased_members() == []
 
 
-def test_pitfall_5_extended_deadline_after_claim_is_not_closed_but_rescheduled(consumer, make_order, queue, clock):
+@both_models
+def test_pitfall_5_extended_deadline_after_claim_is_not_closed_but_rescheduled(
+        consumer, make_order, order_model, queue, clock):
     """Seed pitfall 5: the customer got more time while the member was in flight."""
     order = make_order(in_seconds=-1)
     worker = consumer()
     claim = worker.claim(clock())
     later = clock() + timedelta(minutes=10)
-    Order.objects.get(pk=order.pk).extend_deadline(later)
+    order_model.objects.get(pk=order.pk).extend_deadline(later)
 
     worker.process(claim.members, clock())
 
     order.refresh_from_db()
-    assert order.status == Order.Status.UNPAID
+    assert state(order) == "unpaid"
     assert queue.score_of(str(order.pk)) == deadline_score(later)
     assert queue.leased_members() == []
 
@@ -361,7 +364,8 @@ def test_once_stops_at_what_was_due_when_it_started(consumer, make_order, clock)
     assert any(Order.objects.get(pk=o.pk).status == "unpaid" for o in due_soon)
 
 
-def test_payment_racing_a_close_waits_for_the_lock_and_is_refused(make_order, receiver):
+@both_models
+def test_payment_racing_a_close_waits_for_the_lock_and_is_refused(make_order, order_model, receiver):
     """Whoever takes the row lock first wins; the loser learns it."""
     order = make_order(in_seconds=-1)
     closing, go = threading.Event(), threading.Event()
@@ -379,7 +383,7 @@ def test_payment_racing_a_close_waits_for_the_lock_and_is_refused(make_order, re
 
     def pay():
         try:
-            payment.append(Order.objects.get(pk=order.pk).mark_paid())
+            payment.append(order_model.objects.get(pk=order.pk).mark_paid())
         except OrderClosed as exc:
             payment.append(exc)
 
@@ -392,7 +396,7 @@ def test_payment_racing_a_close_waits_for_the_lock_and_is_refused(make_order, re
     payer.join(10)
 
     assert isinstance(payment[0], OrderClosed)
-    assert Order.objects.get(pk=order.pk).status == Order.Status.CLOSED
+    assert state(order) == "closed"
     assert expiries(order) == 1
 
 

@@ -19,14 +19,15 @@ from order_timeout.consumer import Consumer
 from order_timeout.models import Order
 from testproject.shop.models import Expiry
 
-from .conftest import Clock, wait_for
+from .conftest import Clock, both_models, wait_for
+from .helpers import count_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def due_orders(count: int) -> list[Order]:
+def due_orders(count: int, model: type = Order) -> list:
     deadline = timezone.now() - timedelta(seconds=1)
-    orders = Order.objects.bulk_create([Order(expires_at=deadline) for _ in range(count)])
+    orders = model.objects.bulk_create([model(expires_at=deadline) for _ in range(count)])
     schedule(orders)
     return orders
 
@@ -35,11 +36,13 @@ def closed_count(stdout: str) -> int:
     return int(re.search(r"(\d+) closed", stdout).group(1))
 
 
+@both_models
 @pytest.mark.parametrize("lease_seconds", ["30", "0.05"], ids=["lease-30s", "lease-50ms"])
-def test_pitfall_3_racing_consumers_close_every_order_exactly_once(consumer_process, queue, lease_seconds):
+def test_pitfall_3_racing_consumers_close_every_order_exactly_once(consumer_process, queue, lease_seconds,
+                                                                  order_model):
     """Seed pitfall 3: several consumers. With a 50 ms lease, members are handed
     out again while still being closed, so the row lock must settle the race."""
-    due_orders(2000)
+    due_orders(2000, order_model)
 
     env = {"ORDER_TIMEOUT_LEASE_SECONDS": lease_seconds}
     racers = [consumer_process("--once", "--batch-size", "50", env=env) for _ in range(3)]
@@ -48,15 +51,17 @@ def test_pitfall_3_racing_consumers_close_every_order_exactly_once(consumer_proc
     assert [code for code, _, _ in results] == [0, 0, 0], [err for _, _, err in results]
     assert Expiry.objects.count() == 2000
     assert not Expiry.objects.values("order_id").annotate(n=Count("id")).filter(n__gt=1).exists()
-    assert Order.objects.filter(status=Order.Status.CLOSED).count() == 2000
+    assert count_in(order_model, "closed") == 2000
     per_process = [closed_count(out) for _, out, _ in results]
     assert sum(per_process) == 2000
     assert sum(1 for n in per_process if n) >= 2, per_process  # they really raced
     assert queue.pending_count() == 0 and queue.leased_members() == []
 
 
-def test_orders_of_a_consumer_killed_after_its_claim_are_closed_after_the_lease(consumer_process, queue):
-    orders = due_orders(20)
+@both_models
+def test_orders_of_a_consumer_killed_after_its_claim_are_closed_after_the_lease(consumer_process, queue,
+                                                                               order_model):
+    orders = due_orders(20, order_model)
     stall = Path(tempfile.mkdtemp()) / "claimed"
     victim = consumer_process("--batch-size", "20", env={"SHOP_STALL_FILE": str(stall)})
     wait_for(stall.exists, timeout=60)
@@ -65,14 +70,14 @@ def test_orders_of_a_consumer_killed_after_its_claim_are_closed_after_the_lease(
     victim.proc.wait(10)
 
     assert sorted(queue.leased_members()) == sorted(str(o.pk) for o in orders)
-    assert Order.objects.filter(status=Order.Status.UNPAID).count() == 20
+    assert count_in(order_model, "unpaid") == 20
     assert Expiry.objects.count() == 0
     within_lease = Clock(timezone.now() + timedelta(seconds=25))
     assert Consumer(now=within_lease).run(once=True).claimed == 0
     after_lease = Clock(timezone.now() + timedelta(seconds=31))
     stats = Consumer(now=after_lease).run(once=True)
     assert stats.closed == 20
-    assert Order.objects.filter(status=Order.Status.CLOSED).count() == 20
+    assert count_in(order_model, "closed") == 20
     assert Expiry.objects.count() == 20
     assert queue.leased_members() == []
 

@@ -14,9 +14,13 @@ from order_timeout.codec import deadline_score
 from order_timeout.exceptions import OrderClosed, StaleOrderStatus
 from order_timeout.models import Order
 
+from .conftest import both_models
+from .helpers import set_state, state
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@both_models
 def test_created_order_is_scheduled_at_its_deadline_in_ms(queue, make_order):
     order = make_order(in_seconds=600)
 
@@ -40,31 +44,32 @@ def test_score_is_rounded_up_so_a_member_is_never_due_before_its_row():
     assert deadline_score(deadline) == int(deadline.timestamp() * 1000) + 1
 
 
+@both_models
 def test_paid_order_leaves_the_queue(queue, make_order):
     order = make_order(in_seconds=600)
 
     assert order.mark_paid() is True
 
     assert queue.score_of(str(order.pk)) is None
-    order.refresh_from_db()
-    assert order.status == Order.Status.PAID
+    assert state(order) == "paid"
 
 
-def test_paying_twice_is_a_no_op(make_order):
+@both_models
+def test_paying_twice_is_a_no_op(make_order, order_model):
     order = make_order(in_seconds=600)
     order.mark_paid()
 
-    assert Order.objects.get(pk=order.pk).mark_paid() is False
+    assert order_model.objects.get(pk=order.pk).mark_paid() is False
 
 
+@both_models
 def test_paying_a_closed_order_raises_so_the_shop_refunds(make_order):
     order = make_order(in_seconds=600)
-    Order.objects.filter(pk=order.pk).update(status=Order.Status.CLOSED)
+    set_state(order, "closed")
 
     with pytest.raises(OrderClosed):
         order.mark_paid()
-    order.refresh_from_db()
-    assert order.status == Order.Status.CLOSED
+    assert state(order) == "closed"
 
 
 def test_saving_a_paid_status_also_leaves_the_queue(queue, make_order):
@@ -92,6 +97,7 @@ def test_order_is_scheduled_only_when_the_transaction_commits(queue):
     assert queue.score_of(str(order.pk)) is not None
 
 
+@both_models
 def test_extended_deadline_moves_the_score(queue, make_order):
     order = make_order(in_seconds=60)
     later = order.expires_at + timedelta(minutes=10)

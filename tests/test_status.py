@@ -16,7 +16,7 @@ from order_timeout.codec import now_score
 from order_timeout.consumer import Consumer
 from order_timeout.models import DeadLetter
 
-from .conftest import PROJECT_ROOT, database_url
+from .conftest import PROJECT_ROOT, both_models, database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -110,3 +110,43 @@ def test_status_counts_expired_leases_as_waiting(make_order, queue, clock):
 
     assert numbers["leased"] == 1 and numbers["expired_leases"] == 1
     assert numbers["oldest_due_age_seconds"] >= 1  # since the lease ran out
+
+
+@both_models
+def test_status_counts_unpaid_orders_missing_from_redis_as_drift(make_order, queue, order_model):
+    kept = make_order(in_seconds=600)
+    lost = [make_order(in_seconds=600 + i) for i in range(3)]
+    buried = make_order(in_seconds=-600)
+    paid = make_order(in_seconds=600)
+    paid.mark_paid()
+    # Writes Redis lost (a failover, a bulk update nobody scheduled); the buried
+    # order left Redis on purpose, as an open dead letter.
+    queue.unschedule([str(o.pk) for o in [*lost, buried]])
+    now = timezone.now()
+    DeadLetter.objects.create(order_model=order_model._meta.label, order_id=str(buried.pk), attempts=4,
+                              error_type="RuntimeError", first_failed_at=now, last_failed_at=now)
+
+    numbers = status()
+
+    assert numbers["drift"] == 3
+    assert numbers["pending"] == 1 and queue.score_of(str(kept.pk)) is not None
+
+
+def test_crossed_drift_threshold_exits_2_and_no_drift_skips_the_count(make_order, queue):
+    order = make_order(in_seconds=600)
+    queue.unschedule([str(order.pk)])
+
+    with pytest.raises(CommandError, match="1 unpaid orders with a deadline are missing") as raised:
+        status("--max-drift", "0")
+    assert raised.value.returncode == 2
+    assert status("--no-drift")["drift"] is None
+    with pytest.raises(CommandError, match="--no-drift"):
+        status("--no-drift", "--max-drift", "0")
+
+
+@pytest.mark.parametrize("order_model", ["shop.ShopOrder"], indirect=True)
+def test_status_counts_unpaid_orders_without_a_deadline(make_order, order_model):
+    order = make_order(in_seconds=600)
+    order_model.objects.filter(pk=order.pk).update(expires_at=None)
+
+    assert status()["unpaid_without_deadline"] == 1

@@ -1,6 +1,9 @@
-from django.db import models
+from decimal import Decimal
 
-from order_timeout.models import AbstractTimeoutOrder
+from django.db import models
+from django.utils import timezone
+
+from order_timeout.models import AbstractTimeoutOrder, TimeoutOrderMixin
 
 
 class Expiry(models.Model):
@@ -15,6 +18,84 @@ class Expiry(models.Model):
 
 
 class Purchase(AbstractTimeoutOrder):
-    """A shop's own order model, plugged in through ORDER_TIMEOUT['ORDER_MODEL']."""
+    """A shop's own order model built on the app's whole abstract order."""
 
     customer = models.CharField(max_length=100, blank=True)
+
+
+# -- A shop that had its orders before it had timeouts --------------------------
+# Shaped like an e-commerce framework's order: its own status column (100
+# characters, no choices), a pipeline its dashboard moves orders along, a
+# status-change history and stock allocated per line.
+
+
+class InvalidOrderStatus(Exception):
+    pass
+
+
+class AbstractShopOrder(models.Model):
+    """The framework's abstract order (think django-oscar's ``AbstractOrder``)."""
+
+    # Which statuses may follow which: the shop's dashboard moves orders along it.
+    pipeline = {
+        "Pending": ("Paid", "Cancelled"),
+        "Paid": ("Being processed", "Cancelled"),
+        "Being processed": ("Complete", "Cancelled"),
+        "Cancelled": ("Archived",),
+        "Complete": ("Archived",),
+    }
+
+    number = models.CharField("order number", max_length=128, blank=True)
+    status = models.CharField("status", max_length=100, default="Pending")
+    total = models.DecimalField(max_digits=12, decimal_places=2, default=Decimal("0"))
+    date_placed = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        abstract = True
+        ordering = ["-date_placed"]
+        verbose_name = "shop order"
+        verbose_name_plural = "shop orders"
+        indexes = [models.Index(fields=["number"])]
+
+    def __str__(self) -> str:
+        return f"#{self.number or self.pk}"
+
+    def set_status(self, new_status: str) -> None:
+        """The framework's own state machine: check the pipeline, save, write the history."""
+        old_status = self.status
+        if new_status not in self.pipeline.get(old_status, ()):
+            raise InvalidOrderStatus(f"{old_status!r} cannot become {new_status!r}")
+        self.status = new_status
+        self.save()
+        OrderStatusChange.objects.create(order=self, old_status=old_status, new_status=new_status)
+
+
+class ShopOrder(AbstractShopOrder, TimeoutOrderMixin):
+    """The shop's order with timeouts: its own status field and values, declared to the app."""
+
+    TIMEOUT_UNPAID_STATUSES = ("Pending",)
+    TIMEOUT_PAID_STATUS = "Paid"
+    TIMEOUT_CLOSED_STATUS = "Cancelled"
+
+    class Meta(AbstractShopOrder.Meta, TimeoutOrderMixin.Meta):
+        indexes = [*AbstractShopOrder.Meta.indexes, *TimeoutOrderMixin.Meta.indexes]
+
+
+class OrderStatusChange(models.Model):
+    order = models.ForeignKey(ShopOrder, on_delete=models.CASCADE, related_name="status_changes")
+    old_status = models.CharField(max_length=100, blank=True)
+    new_status = models.CharField(max_length=100, blank=True)
+    date_created = models.DateTimeField(auto_now_add=True)
+
+
+class StockRecord(models.Model):
+    num_in_stock = models.PositiveIntegerField(default=0)
+    num_allocated = models.IntegerField(default=0)
+
+
+class Line(models.Model):
+    """An order line holding stock allocated at checkout, released when the order expires."""
+
+    order = models.ForeignKey(ShopOrder, on_delete=models.CASCADE, related_name="lines")
+    stockrecord = models.ForeignKey(StockRecord, on_delete=models.PROTECT, related_name="lines")
+    quantity = models.PositiveIntegerField(default=1)

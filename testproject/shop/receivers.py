@@ -1,9 +1,14 @@
-"""The shop's ``order_expired`` receiver: records each delivery, in the closing transaction.
+"""The shop's receivers of ``order_expired``, run in the closing transaction.
 
-For tests that drive a consumer in another process, two environment variables
-change its behaviour: SHOP_STALL_FILE makes the first delivery create that file
-and hang (so the test can kill the consumer mid-batch), SHOP_DELAY_SECONDS
-slows every delivery (so a batch is still in hand when a signal arrives).
+``record_expiry`` records each delivery (every order model). For tests that
+drive a consumer in another process, two environment variables change its
+behaviour: SHOP_STALL_FILE makes the first delivery create that file and hang
+(so the test can kill the consumer mid-batch), SHOP_DELAY_SECONDS slows every
+delivery (so a batch is still in hand when a signal arrives).
+
+``write_status_change`` and ``release_stock`` are the shop's own close, for
+``ShopOrder``: its status history and its stock allocations follow the
+timeout in the same commit.
 """
 
 import os
@@ -11,7 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .models import Expiry
+from django.db.models import F
+
+from .models import Expiry, OrderStatusChange, StockRecord
 
 
 def record_expiry(sender: Any, order: Any, **kwargs: Any) -> None:
@@ -23,3 +30,13 @@ def record_expiry(sender: Any, order: Any, **kwargs: Any) -> None:
     delay = float(os.environ.get("SHOP_DELAY_SECONDS", "0"))
     if delay:
         time.sleep(delay)
+
+
+def write_status_change(sender: Any, order: Any, previous_status: str, **kwargs: Any) -> None:
+    OrderStatusChange.objects.create(order=order, old_status=previous_status, new_status=order.status)
+
+
+def release_stock(sender: Any, order: Any, **kwargs: Any) -> None:
+    for line in order.lines.all():
+        StockRecord.objects.filter(pk=line.stockrecord_id).update(
+            num_allocated=F("num_allocated") - line.quantity)

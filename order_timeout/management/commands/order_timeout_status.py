@@ -7,13 +7,9 @@ from argparse import ArgumentTypeError
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.utils import timezone
 
-from order_timeout import get_order_model
-from order_timeout.codec import now_score
 from order_timeout.exceptions import OrderTimeoutError
-from order_timeout.models import DeadLetter, Status
-from order_timeout.queue import TimeoutQueue
+from order_timeout.health import Health, measure
 
 # Exit status when a threshold is crossed (1 is any other error).
 THRESHOLD_CROSSED = 2
@@ -29,9 +25,20 @@ def non_negative(text: str) -> float:
     return value
 
 
+# option -> (figure, how a crossing reads)
+THRESHOLDS = {
+    "max_overdue": ("overdue_unpaid_in_database",
+                    "{value} overdue unpaid orders > --max-overdue {limit:g}"),
+    "max_age": ("oldest_due_age_seconds", "oldest due member waited {value:g}s > --max-age {limit:g}"),
+    "max_dead_letters": ("dead_letters", "{value} open dead letters > --max-dead-letters {limit:g}"),
+    "max_drift": ("drift", "{value} unpaid orders with a deadline are missing from Redis "
+                           "> --max-drift {limit:g}"),
+}
+
+
 class Command(BaseCommand):
-    help = ("Print the timeout queue's backlog; exit 2 when --max-overdue, --max-age or "
-            "--max-dead-letters is crossed.")
+    help = ("Print the timeout queue's backlog; exit 2 when --max-overdue, --max-age, "
+            "--max-dead-letters or --max-drift is crossed.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="One JSON object, for machines.")
@@ -43,45 +50,35 @@ class Command(BaseCommand):
                                  "many seconds to be claimed.")
         parser.add_argument("--max-dead-letters", type=non_negative, default=None,
                             help="Fail when more dead letters than this wait for staff.")
+        parser.add_argument("--max-drift", type=non_negative, default=None,
+                            help="Fail when more unpaid orders with a deadline than this are "
+                                 "missing from Redis.")
+        parser.add_argument("--no-drift", action="store_true",
+                            help="Skip the drift count, which reads every unpaid row with a "
+                                 "deadline.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        now = timezone.now()
+        if options["no_drift"] and options["max_drift"] is not None:
+            raise CommandError("--max-drift needs the drift count; drop --no-drift.")
         try:
-            queue = TimeoutQueue.from_settings().stats(now_score(now))
+            health = measure(drift=not options["no_drift"])
         except OrderTimeoutError as exc:
             raise CommandError(f"Cannot read the queue: {exc}") from exc
-        model = get_order_model()
-        status = {
-            "pending": queue.pending,
-            "due_unclaimed": queue.due,
-            "leased": queue.leased,
-            "expired_leases": queue.expired_leases,
-            "oldest_due_age_seconds": (
-                round((now_score(now) - queue.oldest_due_ms) / 1000, 3)
-                if queue.oldest_due_ms is not None else 0.0
-            ),
-            "dead_letters": DeadLetter.objects.filter(resolved_at__isnull=True).count(),
-            "overdue_unpaid_in_database": model._default_manager.filter(
-                status=Status.UNPAID, expires_at__lte=now).count(),
-        }
-        if options["json"]:
-            self.stdout.write(json.dumps(status))
-        else:
-            width = max(map(len, status))
-            for key, value in status.items():
-                self.stdout.write(f"{key.replace('_', ' '):<{width}}  {value}")
-
-        crossed = []
-        if options["max_overdue"] is not None and \
-                status["overdue_unpaid_in_database"] > options["max_overdue"]:
-            crossed.append(f"{status['overdue_unpaid_in_database']} overdue unpaid orders "
-                           f"> --max-overdue {options['max_overdue']:g}")
-        if options["max_age"] is not None and status["oldest_due_age_seconds"] > options["max_age"]:
-            crossed.append(f"oldest due member waited {status['oldest_due_age_seconds']:g}s "
-                           f"> --max-age {options['max_age']:g}")
-        if options["max_dead_letters"] is not None and \
-                status["dead_letters"] > options["max_dead_letters"]:
-            crossed.append(f"{status['dead_letters']} open dead letters "
-                           f"> --max-dead-letters {options['max_dead_letters']:g}")
+        self._print(health, as_json=options["json"])
+        crossed = [
+            message.format(value=getattr(health, figure), limit=options[option])
+            for option, (figure, message) in THRESHOLDS.items()
+            if options[option] is not None and getattr(health, figure) > options[option]
+        ]
         if crossed:
             raise CommandError("; ".join(crossed), returncode=THRESHOLD_CROSSED)
+
+    def _print(self, health: Health, *, as_json: bool) -> None:
+        figures = health.as_dict()
+        if as_json:
+            self.stdout.write(json.dumps(figures))
+            return
+        width = max(map(len, figures))
+        for key, value in figures.items():
+            shown = "not counted (--no-drift)" if value is None else value
+            self.stdout.write(f"{key.replace('_', ' '):<{width}}  {shown}")
