@@ -83,7 +83,9 @@ def main(argv: list[str]) -> int:
 
     workloads.reset()
     print("measuring the create transaction ...", flush=True)
-    data["create"] = workloads.create_overhead([cls(Path()) for cls in chosen], sizes.create_samples)
+    data["create"] = workloads.create_overhead(
+        [system for system in (cls(Path()) for cls in chosen) if system.measures_create],
+        sizes.create_samples)
     if "ours" in args.systems.split(","):
         print("measuring claim latency as the pending set grows ...", flush=True)
         data["claim_latency"] = workloads.claim_latency(sizes)
@@ -94,10 +96,12 @@ def main(argv: list[str]) -> int:
         workloads.reset()
         print(f"{system.label}: starting {system.closers}", flush=True)
         system.start()
+        idle = None
         try:
-            print("  idle ...", flush=True)
-            idle = workloads.idle(system, sizes)
-            system.forget_far_future()
+            if "idle" in system.workloads:
+                print("  idle ...", flush=True)
+                idle = workloads.idle(system, sizes)
+                system.forget_far_future()
             print("  steady ...", flush=True)
             steady = workloads.timed(system, "steady", workloads.steady_offsets(sizes), sizes)
             print("  burst ...", flush=True)

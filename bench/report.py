@@ -47,8 +47,8 @@ def markdown(data: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, system in data["systems"].items():
-        idle = system["idle"]
-        memory = {
+        idle = system["idle"] or {}
+        memory = "as above" if not idle else {
             "worker": f"{idle['worker_bytes_per_pending']:,.0f} B worker RSS "
                       f"+ {idle['redis_bytes_per_pending']:,.0f} B broker",
             "redis": f"{idle['redis_bytes_per_pending']:,.0f} B (Redis)",
@@ -60,8 +60,8 @@ def markdown(data: dict[str, Any]) -> str:
             f"| {_num(burst['closes_per_s'], 0)} | {_burst(burst)} "
             f"| {_num(steady['db_queries_per_close'], 2)}, {_num(burst['db_queries_per_close'], 3)} "
             f"| {_num(steady['redis_commands_per_close'], 2)}, {_num(burst['redis_commands_per_close'], 3)} "
-            f"| {_num(idle['db_queries_per_s'], 1)} | {_num(idle['redis_round_trips_per_s'], 1)} "
-            f"({_num(idle['redis_commands_run_per_s'], 1)}) "
+            f"| {_num(idle.get('db_queries_per_s'), 1)} | {_num(idle.get('redis_round_trips_per_s'), 1)} "
+            f"({_num(idle.get('redis_commands_run_per_s'), 1)}) "
             f"| {memory} | {_num(create.get('added_p50_ms'), 3)} / {_num(create.get('added_p99_ms'), 3)} |"
         )
     if "claim_latency" in data:

@@ -2,6 +2,8 @@
 
 Every system closes the same ``order_timeout.Order`` rows and sends the same
 ``order_expired`` signal; they differ in how a deadline is stored and found.
+One more row runs this project on the test shop's own ``ShopOrder``, whose
+receiver writes a status-change row per close: what the shop-style path costs.
 """
 
 from __future__ import annotations
@@ -40,6 +42,19 @@ class System:
     enqueue_seconds = 0.00006
     # Where its pending orders wait, for the memory column.
     memory = "redis"
+    # The order model its closers close, and what its closers' processes need to know of it.
+    model_label = "order_timeout.Order"
+    extra_env: dict[str, str] = {}
+    # The idle workload only tells something new for a new way of waiting.
+    workloads: tuple[str, ...] = ("idle", "steady", "burst")
+    # Whether the create-transaction measure applies (it creates order_timeout.Order rows).
+    measures_create = True
+
+    @property
+    def model(self) -> Any:
+        from django.apps import apps
+
+        return apps.get_model(self.model_label)
 
     def __init__(self, record_dir: Path) -> None:
         self.record_dir = record_dir
@@ -71,7 +86,8 @@ class System:
         # Persistent connections for every closer: Celery's Django fixup would
         # otherwise reconnect after every task, and that is not what we measure.
         env = {**os.environ, "BENCH": "1", "SHOP_RECORD_EXPIRIES": "0", "CONN_MAX_AGE": "600",
-               "BENCH_RECORD_DIR": str(self.record_dir), "PYTHONPATH": str(ROOT)}
+               "BENCH_RECORD_DIR": str(self.record_dir), "PYTHONPATH": str(ROOT),
+               "ORDER_TIMEOUT_ORDER_MODEL": self.model_label, **self.extra_env}
         for number, command in enumerate(self.commands(), start=len(self.logs)):
             # A file, not a pipe: a chatty closer must never block on a full pipe.
             log = self.record_dir / f"stderr-{number}.log"
@@ -132,6 +148,17 @@ class Ours(System):
         score = deadline_score(_in_an_hour())
         for start in range(FAKE_PK, FAKE_PK + count, CHUNK):
             queue.schedule({str(pk): score for pk in range(start, min(start + CHUNK, FAKE_PK + count))})
+
+
+class OursShop(Ours):
+    """Our consumers on the shop's own order model, running the shop's close in a receiver."""
+
+    name, label = "ours_shop", "django-order-timeout, shop model (a status-change row per close)"
+    model_label = "shop.ShopOrder"
+    # The shop's status-change receiver only: no stock lines in this workload.
+    extra_env = {"SHOP_RELEASE_STOCK": "0"}
+    workloads = ("steady", "burst")
+    measures_create = False
 
 
 class Polling(System):
@@ -232,4 +259,5 @@ def _in_an_hour() -> Any:
     return timezone.now() + timedelta(hours=1)
 
 
-SYSTEMS: dict[str, type[System]] = {cls.name: cls for cls in (Ours, Polling, SeedZset, CeleryEta)}
+SYSTEMS: dict[str, type[System]] = {
+    cls.name: cls for cls in (Ours, OursShop, Polling, SeedZset, CeleryEta)}

@@ -14,7 +14,7 @@ from django.utils import timezone
 from django_redis import get_redis_connection
 
 from order_timeout.codec import now_score
-from order_timeout.models import Order, Status
+from order_timeout.models import Order
 from order_timeout.queue import TimeoutQueue
 from order_timeout.scheduling import order_saved
 
@@ -47,9 +47,14 @@ QUICK = Sizes(steady_rate=200, steady_seconds=2, burst=1_000, idle=10_000, celer
 
 
 def reset() -> None:
-    """Empty the orders table, the queue's Redis database and Celery's broker database."""
+    """Empty the orders tables, the queue's Redis database and Celery's broker database."""
+    from testproject.shop.models import OrderStatusChange, ShopOrder
+
     with connection.cursor() as cursor:
-        cursor.execute(f"TRUNCATE TABLE {Order._meta.db_table}")
+        cursor.execute("SET FOREIGN_KEY_CHECKS = 0")
+        for model in (Order, ShopOrder, OrderStatusChange):
+            cursor.execute(f"TRUNCATE TABLE {model._meta.db_table}")
+        cursor.execute("SET FOREIGN_KEY_CHECKS = 1")
     get_redis_connection("default").flushdb()
     flush_broker()
 
@@ -68,11 +73,11 @@ def flush_broker() -> None:
         conn.default_channel.client.flushdb()
 
 
-def make_orders(deadlines: list[datetime]) -> list[Order]:
-    orders: list[Order] = []
+def make_orders(deadlines: list[datetime], model: Any = Order) -> list[Any]:
+    orders: list[Any] = []
     for start in range(0, len(deadlines), 5000):
-        orders += Order.objects.bulk_create(
-            [Order(expires_at=deadline) for deadline in deadlines[start:start + 5000]])
+        orders += model.objects.bulk_create(
+            [model(expires_at=deadline) for deadline in deadlines[start:start + 5000]])
     return orders
 
 
@@ -129,7 +134,7 @@ def timed(system: System, kind: str, offsets: list[float], sizes: Sizes) -> Phas
     start = timezone.now() + timedelta(
         seconds=sizes.lead_seconds + len(offsets) * system.enqueue_seconds * 1.5)
     began = time.monotonic()
-    orders = make_orders([start + timedelta(seconds=offset) for offset in offsets])
+    orders = make_orders([start + timedelta(seconds=offset) for offset in offsets], system.model)
     system.enqueue(orders)
     phase = Phase(kind=kind, orders=len(orders), start=start,
                   pk_range=(orders[0].pk, orders[-1].pk),
@@ -148,8 +153,8 @@ def timed(system: System, kind: str, offsets: list[float], sizes: Sizes) -> Phas
     polls = 0
     last = start + timedelta(seconds=max(offsets))
     deadline = time.monotonic() + max(0.0, (last - timezone.now()).total_seconds()) + sizes.cap_seconds
-    unpaid = Order.objects.filter(status=Status.UNPAID, pk__gte=phase.pk_range[0],
-                                  pk__lte=phase.pk_range[1])
+    unpaid = system.model.objects.filter(system.model.unpaid_q(), pk__gte=phase.pk_range[0],
+                                         pk__lte=phase.pk_range[1])
     while time.monotonic() < deadline:
         time.sleep(0.25)
         if timezone.now() < last:

@@ -10,8 +10,10 @@ class OrderTimeoutConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401  (registers the system checks)
-        from . import get_order_model
+        from . import (
+            checks,  # noqa: F401  (registers the system checks)
+            get_order_model,
+        )
         from .conf import settings
         from .scheduling import connect_receivers
 

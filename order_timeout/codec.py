@@ -8,13 +8,13 @@ never be claimed while its row still says "not yet" and spin the consumer.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import models
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def deadline_score(deadline: datetime) -> int:

@@ -16,16 +16,17 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import Error as DatabaseError, close_old_connections
+from django.db import Error as DatabaseError
+from django.db import close_old_connections
 from django.utils import timezone
 
 from . import deadletters, get_order_model
 from .closing import close_expired
 from .codec import deadline_score, now_score, parse_member
 from .conf import MAX_BATCH_SIZE, settings
+from .deadletters import Failure
 from .exceptions import QueueUnavailable
 from .models import TimeoutOrderMixin
-from .deadletters import Failure
 from .queue import Claim, TimeoutQueue, WakeListener
 
 logger = logging.getLogger("order_timeout")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import logging
 import time
-
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field

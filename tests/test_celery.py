@@ -15,7 +15,12 @@ from django.conf import settings as django_settings
 from django.utils import timezone
 
 from order_timeout import unschedule
-from order_timeout.beat import ENTRY_NAME, TASK_NAME, beat_schedule, install_periodic_task
+from order_timeout.beat import (
+    ENTRY_NAME,
+    TASK_NAME,
+    beat_schedule,
+    install_periodic_task,
+)
 from order_timeout.models import Order
 from order_timeout.tasks import compensate
 from testproject.celery import app as celery_app

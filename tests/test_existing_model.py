@@ -74,11 +74,20 @@ def test_the_adoption_migration_only_adds_columns_and_an_index():
     assert expires_at.field.null and expires_at.field.default is models.NOT_PROVIDED
 
 
+@pytest.fixture
+def shop_before_timeouts():
+    """The shop's schema as it was before the app was added; put back to the latest afterwards."""
+    executor = MigrationExecutor(connection)
+    latest = executor.loader.graph.leaf_nodes("shop")
+    executor.migrate([("shop", "0002_shop_orders")])
+    yield executor
+    MigrationExecutor(connection).migrate(latest)
+
+
 @use_shop
 def test_adopting_on_a_table_with_existing_rows_applies_cleanly_and_schedules_nothing_until_the_backfill(
-        order_model, queue, redis_client):
-    executor = MigrationExecutor(connection)
-    executor.migrate([("shop", "0002_shop_orders")])
+        order_model, queue, redis_client, shop_before_timeouts):
+    executor = shop_before_timeouts
     legacy = executor.loader.project_state(("shop", "0002_shop_orders")).apps.get_model("shop", "ShopOrder")
     long_status = "Awaiting confirmation from the payment provider (manual review) ".ljust(100, ".")
     placed = timezone.now() - timedelta(days=3)
@@ -516,3 +525,41 @@ def test_extending_a_registered_admin_twice_changes_nothing():
 
     assert extend_registered_admin(ShopOrder) is first
     assert issubclass(first, TimeoutOrderAdminMixin) and first.__name__ == "ShopOrderAdmin"
+
+
+# -- a shop that cannot touch its orders table: a deadline table beside it ----------------
+
+use_sidecar = pytest.mark.parametrize("order_model", ["shop.PlainOrderDeadline"], indirect=True,
+                                      ids=["PlainOrderDeadline"])
+
+
+@use_sidecar
+def test_a_deadline_row_beside_an_untouchable_order_closes_it_in_the_same_commit(order_model, consumer,
+                                                                                 clock, queue):
+    from testproject.shop.models import PlainOrder, PlainOrderDeadline
+
+    order = PlainOrder.objects.create()
+    deadline = PlainOrderDeadline.objects.create(order=order, expires_at=clock() - timedelta(seconds=1))
+    assert queue.score_of(str(deadline.pk)) == deadline_score(deadline.expires_at)
+
+    stats = consumer().run(once=True)
+
+    assert stats.closed == 1 and state(deadline) == "closed"
+    assert PlainOrder.objects.get(pk=order.pk).status == "cancelled"
+
+
+@use_sidecar
+def test_paying_through_the_deadline_row_keeps_the_untouchable_order_open(order_model, consumer, clock,
+                                                                          queue):
+    from testproject.shop.models import PlainOrder, PlainOrderDeadline
+
+    order = PlainOrder.objects.create()
+    PlainOrderDeadline.objects.create(order=order, expires_at=clock() - timedelta(seconds=1))
+
+    with transaction.atomic():  # the shop's payment callback
+        assert order.deadline.mark_paid() is True
+        PlainOrder.objects.filter(pk=order.pk).update(status="paid")
+    consumer().run(once=True)
+
+    assert PlainOrder.objects.get(pk=order.pk).status == "paid"
+    assert queue.pending_count() == 0

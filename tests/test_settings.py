@@ -10,7 +10,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 from order_timeout import get_order_model
 from order_timeout.checks import check_redis_alias, check_use_tz
-from order_timeout.conf import DEFAULTS, settings as order_settings
+from order_timeout.conf import DEFAULTS
+from order_timeout.conf import settings as order_settings
 from order_timeout.models import Order
 from testproject.shop.models import Purchase
 

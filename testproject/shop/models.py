@@ -99,3 +99,19 @@ class Line(models.Model):
     order = models.ForeignKey(ShopOrder, on_delete=models.CASCADE, related_name="lines")
     stockrecord = models.ForeignKey(StockRecord, on_delete=models.PROTECT, related_name="lines")
     quantity = models.PositiveIntegerField(default=1)
+
+
+# -- A shop that cannot touch its orders table ------------------------------------
+# The deadline lives in a table of its own, one-to-one with the order. The
+# consumer closes the deadline row; a receiver moves the order's own status in
+# the same transaction (see receivers.cancel_plain_order).
+
+
+class PlainOrder(models.Model):
+    """An orders table the shop cannot migrate (owned by another system, say)."""
+
+    status = models.CharField(max_length=20, default="pending")
+
+
+class PlainOrderDeadline(AbstractTimeoutOrder):
+    order = models.OneToOneField(PlainOrder, on_delete=models.CASCADE, related_name="deadline")

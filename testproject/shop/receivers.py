@@ -40,3 +40,10 @@ def release_stock(sender: Any, order: Any, **kwargs: Any) -> None:
     for line in order.lines.all():
         StockRecord.objects.filter(pk=line.stockrecord_id).update(
             num_allocated=F("num_allocated") - line.quantity)
+
+
+def cancel_plain_order(sender: Any, order: Any, **kwargs: Any) -> None:
+    """The deadline row closed: the order it guards follows, in the same commit."""
+    from .models import PlainOrder
+
+    PlainOrder.objects.filter(pk=order.order_id, status="pending").update(status="cancelled")
