@@ -230,9 +230,9 @@ def claim_latency(sizes: Sizes, batch: int = 200, rounds: int = 30) -> dict[str,
             now = now_score(timezone.now())
             queue.schedule({f"d{round_}-{i}": now - 1 for i in range(batch)})
             began = time.perf_counter()
-            claim = queue.claim(now, batch, now + 30_000)
+            claim = queue.claim(now, batch, now + 30_000, f"bench:{round_}")
             timings.append((time.perf_counter() - began) * 1000)
-            queue.ack(claim.members)
+            queue.ack(claim.token, claim.members)
         stats = client.info("commandstats").get("cmdstat_evalsha", {})
         out[str(size)] = {"round_trip_ms": summary(timings), "server_us_per_call": stats.get("usec_per_call")}
     client.flushdb()

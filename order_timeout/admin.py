@@ -127,10 +127,16 @@ def _report(modeladmin: admin.ModelAdmin, request: HttpRequest, counts: Counter[
         "busy": lambda n: ngettext(
             "%d order is locked by another transaction right now; try it again.",
             "%d orders are locked by another transaction right now; try them again.", n),
+        "unrequeued": lambda n: ngettext(
+            "%d order's deadline was extended, but Redis is unavailable: it was not requeued "
+            "and stays a dead letter; try again.",
+            "%d orders' deadlines were extended, but Redis is unavailable: they were not requeued "
+            "and stay dead letters; try again.", n),
     }
     for key, sentence in sentences.items():
         if counts.get(key):
-            level = messages.WARNING if key in ("failed", "missing", "busy") else messages.SUCCESS
+            level = messages.WARNING if key in ("failed", "missing", "busy", "unrequeued") \
+                else messages.SUCCESS
             modeladmin.message_user(request, sentence(counts[key]) % counts[key], level)
     if not any(counts.values()):
         modeladmin.message_user(request, _("Nothing to do: the selected dead letters are resolved."),

@@ -29,7 +29,33 @@ def check_redis_alias(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
             hint="Use BACKEND 'django_redis.cache.RedisCache' for that alias.",
             id="order_timeout.E002",
         )]
+    options = caches[alias].get("OPTIONS", {})
+    missing = [name for name in ("SOCKET_CONNECT_TIMEOUT", "SOCKET_TIMEOUT") if name not in options]
+    if missing:
+        return [checks.Warning(
+            f"CACHES[{alias!r}] sets no {' or '.join(missing)}: a Redis that hangs (port open, "
+            "no answer) stalls the consumer and the scan until it answers.",
+            hint=f"Add to CACHES[{alias!r}]['OPTIONS']: "
+                 "'SOCKET_CONNECT_TIMEOUT': 1, 'SOCKET_TIMEOUT': 2 (seconds). Saves are bounded "
+                 "by ORDER_TIMEOUT['SCHEDULE_TIMEOUT'] whatever this says.",
+            id="order_timeout.W003",
+        )]
     return []
+
+
+@checks.register(checks.Tags.compatibility)
+def check_grace(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The scan's grace must outlast a lease and every retry, or it races the consumer."""
+    needed = settings.LEASE_SECONDS + sum(settings.RETRY_DELAYS)
+    if settings.COMPENSATION_GRACE >= needed:
+        return []
+    return [checks.Warning(
+        f"ORDER_TIMEOUT['COMPENSATION_GRACE'] is {settings.COMPENSATION_GRACE:g}s, shorter than "
+        f"LEASE_SECONDS plus the RETRY_DELAYS ({needed:g}s): when Redis cannot tell it what the "
+        "consumers hold, the scan runs the receivers of orders a consumer is still retrying.",
+        hint=f"Set COMPENSATION_GRACE to {needed:g} or more.",
+        id="order_timeout.W004",
+    )]
 
 
 @checks.register(checks.Tags.compatibility)

@@ -1,8 +1,9 @@
 """The database side of a timeout: lock the rows, re-check them, close, fire ``order_expired``.
 
-Knows nothing of Redis. Takes primary keys and one ``now`` (the consumer's
-clock, the same one that judged the members due) and reports what happened
-to each key, so the caller can ack, reschedule or retry.
+Knows nothing of Redis. Takes primary keys and reports what happened to each,
+so the caller can ack, reschedule or retry. Whether an order is due is
+decided by the database server's clock, in the statements that lock and
+close it: a caller whose own clock runs fast can be late, never early.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.transaction import TransactionManagementError
 
 from .dberrors import is_lock_conflict
+from .dbsession import DatabaseNow
+from .exceptions import ImmediateShutdown
 from .models import TimeoutOrderMixin
 from .signals import order_expired, orders_expired
 
@@ -50,6 +53,10 @@ class CloseOutcome:
     not_due: dict[Any, datetime] = field(default_factory=dict)
     # Closing raised (a receiver, usually): pk -> the exception; the order stays open.
     failed: dict[Any, BaseException] = field(default_factory=dict)
+    # Not looked at: the caller asked to stop (its batch ran out of time).
+    abandoned: list[Any] = field(default_factory=list)
+    # The database's clock when it locked the rows (None if no row was locked).
+    db_now: datetime | None = None
 
     def merge(self, other: CloseOutcome) -> None:
         self.closed += other.closed
@@ -58,12 +65,18 @@ class CloseOutcome:
         self.busy += other.busy
         self.not_due.update(other.not_due)
         self.failed.update(other.failed)
+        self.abandoned += other.abandoned
+        self.db_now = other.db_now or self.db_now
 
 
 def close_expired(
-    model: type[TimeoutOrderMixin], pks: Sequence[Any], now: datetime
+    model: type[TimeoutOrderMixin], pks: Sequence[Any], *,
+    should_stop: Callable[[], bool] | None = None,
 ) -> CloseOutcome:
-    """Close the orders among ``pks`` that are still unpaid and due at ``now``.
+    """Close the orders among ``pks`` that are still unpaid and due by the database's clock.
+
+    ``should_stop`` is asked before every transaction after the first; once
+    it says yes, the orders not yet looked at are reported abandoned.
 
     A lock conflict (deadlock, lock wait timeout) is tried again at once, a
     few times with jitter; if it persists the orders are reported busy, to be
@@ -76,10 +89,13 @@ def close_expired(
     """
     using = router.db_for_write(model)
     connection = connections[using]
+    stopping = should_stop or (lambda: False)
     try:
-        return _retrying_lock_conflicts(connection, lambda: _close_batch(model, pks, now, using))
+        return _retrying_lock_conflicts(connection, lambda: _close_batch(model, pks, using), stopping)
     except _StillConflicting:
         return CloseOutcome(busy=list(pks))
+    except _Stopped:
+        return CloseOutcome(abandoned=list(pks))
     except Exception as exc:
         batch_error = exc
     if connection.in_atomic_block:
@@ -88,17 +104,26 @@ def close_expired(
     if not _database_answers(connection):
         raise _unreachable(batch_error)
     outcome = CloseOutcome()
+    if stopping():
+        outcome.abandoned = list(pks)
+        return outcome
     if len(pks) == 1:
         outcome.failed[pks[0]] = batch_error
         return outcome
     logger.warning("Closing a batch of %d failed as a whole (%s: %s); closing its orders one by one.",
                    len(pks), type(batch_error).__name__, batch_error)
-    for pk in pks:
+    for index, pk in enumerate(pks):
+        if stopping():
+            outcome.abandoned += pks[index:]
+            break
         try:
             outcome.merge(_retrying_lock_conflicts(
-                connection, lambda pk=pk: _close_batch(model, [pk], now, using)))
+                connection, lambda pk=pk: _close_batch(model, [pk], using), stopping))
         except _StillConflicting:
             outcome.busy.append(pk)
+        except _Stopped:
+            outcome.abandoned += pks[index:]
+            break
         except Exception as exc:
             if not _database_answers(connection):
                 raise _unreachable(exc)  # noqa: B904 (_unreachable chains the cause itself)
@@ -110,8 +135,12 @@ class _StillConflicting(Exception):
     """Every immediate retry met a lock conflict too."""
 
 
-def _retrying_lock_conflicts(connection: BaseDatabaseWrapper,
-                             close: Callable[[], CloseOutcome]) -> CloseOutcome:
+class _Stopped(Exception):
+    """The caller asked to stop before a retry."""
+
+
+def _retrying_lock_conflicts(connection: BaseDatabaseWrapper, close: Callable[[], CloseOutcome],
+                             stopping: Callable[[], bool]) -> CloseOutcome:
     """Run ``close``; on a lock conflict roll back, wait a few random ms, and run it again."""
     for attempt in range(1, LOCK_CONFLICT_ATTEMPTS + 1):
         try:
@@ -121,6 +150,8 @@ def _retrying_lock_conflicts(connection: BaseDatabaseWrapper,
                 raise
             logger.info("Lock conflict while closing (%s); trying again at once (%d/%d).",
                         exc, attempt, LOCK_CONFLICT_ATTEMPTS)
+            if stopping():
+                raise _Stopped from exc
             if attempt < LOCK_CONFLICT_ATTEMPTS:
                 time.sleep(random.uniform(*LOCK_CONFLICT_PAUSE) * attempt)
     raise _StillConflicting
@@ -145,9 +176,7 @@ def _database_answers(connection: BaseDatabaseWrapper) -> bool:
         return False
 
 
-def _close_batch(
-    model: type[TimeoutOrderMixin], pks: Sequence[Any], now: datetime, using: str
-) -> CloseOutcome:
+def _close_batch(model: type[TimeoutOrderMixin], pks: Sequence[Any], using: str) -> CloseOutcome:
     """One transaction: lock, re-check and close ``pks``.
 
     One transaction locks all rows (``select_for_update``), so a payment
@@ -168,8 +197,10 @@ def _close_batch(
     manager = model._base_manager.db_manager(using)
     skip_locked = connections[using].features.has_select_for_update_skip_locked
     with transaction.atomic(using=using):
-        locked = manager.select_for_update(skip_locked=skip_locked).filter(pk__in=pks)
+        locked = (manager.select_for_update(skip_locked=skip_locked).filter(pk__in=pks)
+                  .annotate(_timeout_db_now=DatabaseNow()))
         rows = {order.pk: order for order in locked}
+        now = outcome.db_now = next((order._timeout_db_now for order in rows.values()), None)
         absent = [pk for pk in pks if pk not in rows]
         busy = set(manager.filter(pk__in=absent).values_list("pk", flat=True)) if absent else set()
         due: list[TimeoutOrderMixin] = []
@@ -182,7 +213,7 @@ def _close_batch(
             elif not order.awaits_payment:
                 # Settled, or its deadline was taken away: nothing to close.
                 outcome.settled.append(pk)
-            elif order.expires_at > now:
+            elif now is None or order.expires_at > now:
                 outcome.not_due[pk] = order.expires_at
             else:
                 due.append(order)
@@ -209,7 +240,7 @@ def _close_batch(
 class _ReceiverFailed(Exception):
     """A receiver of ``order_expired`` raised ``error`` for ``order``."""
 
-    def __init__(self, order: TimeoutOrderMixin, error: Exception) -> None:
+    def __init__(self, order: TimeoutOrderMixin, error: BaseException) -> None:
         super().__init__(order.pk, error)
         self.order, self.error = order, error
 
@@ -239,9 +270,15 @@ def _close_one_by_one(manager: Any, due: list[TimeoutOrderMixin], now: datetime,
 
 
 def _close(manager: Any, orders: list[TimeoutOrderMixin], now: datetime) -> None:
-    """UPDATE ``orders`` to closed and send their signals; a receiver's failure names its order."""
+    """UPDATE ``orders`` to closed and send their signals; a receiver's failure names its order.
+
+    Anything a receiver raises fails its order, ``SystemExit`` and
+    ``KeyboardInterrupt`` included: only the consumer's own immediate
+    shutdown goes through.
+    """
     model = type(orders[0])
     values = model.closing_values(now)
+    # Locked and judged due by the database's clock: neither status nor deadline can move now.
     manager.filter(model.unpaid_q(), pk__in=[order.pk for order in orders]).update(**values)
     for order in orders:
         previous = order.timeout_status
@@ -251,7 +288,9 @@ def _close(manager: Any, orders: list[TimeoutOrderMixin], now: datetime) -> None
             if transaction.get_rollback(using=manager.db):
                 # set_rollback(True) would undo the close silently, yet we would ack it.
                 raise TransactionManagementError("a receiver marked the close for rollback")
-        except Exception as exc:
+        except ImmediateShutdown:
+            raise
+        except BaseException as exc:
             raise _ReceiverFailed(order, exc) from exc
     # A batch receiver that raises fails the whole batch; the one-by-one
     # fallback then gives each order a batch of its own.

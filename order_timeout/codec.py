@@ -31,9 +31,16 @@ def now_score(now: datetime) -> int:
     return micros // 1000
 
 
-def order_member(pk: Any) -> str:
-    """The Redis member of the order with this primary key."""
-    return str(pk)
+def order_member(model: type[models.Model], pk: Any) -> str:
+    """The Redis member of ``model``'s order with this primary key.
+
+    Encoded through the primary key field itself, so one order has one member
+    whatever form its key was given in (a UUID as upper-case or hex text, an
+    integer as a string): ``to_python`` makes the value canonical.
+    """
+    field = model._meta.pk
+    assert field is not None
+    return str(field.to_python(pk))
 
 
 def parse_member(model: type[models.Model], member: str) -> Any:
@@ -44,6 +51,6 @@ def parse_member(model: type[models.Model], member: str) -> Any:
         pk = field.to_python(member)
     except (ValidationError, TypeError, ValueError) as exc:
         raise ValueError(f"malformed member {member!r}") from exc
-    if pk is None or pk == "" or order_member(pk) != member:
+    if pk is None or pk == "" or str(pk) != member:
         raise ValueError(f"malformed member {member!r}")
     return pk

@@ -24,11 +24,11 @@ from django.utils import timezone
 
 from . import deadletters, get_order_model
 from .closing import close_expired
-from .codec import deadline_score, order_member
+from .codec import deadline_score, now_score, order_member
 from .conf import settings
-from .exceptions import QueueUnavailable
+from .exceptions import QueueUnavailable, RepeatedTakeover
 from .keyset import rows_by_deadline
-from .models import TimeoutOrderMixin
+from .models import DeadLetter, TimeoutOrderMixin
 from .queue import TimeoutQueue
 
 logger = logging.getLogger("order_timeout")
@@ -55,6 +55,12 @@ class ScanResult:
     failed: int = 0
     # Rebuild: members put back into Redis (or, with dry_run, that would be).
     restored: int = 0
+    # Overdue, but Redis shows a consumer on them (a retry in backoff, a lease): left alone.
+    left_to_consumers: int = 0
+    # Overdue, but open dead letters: staff decide.
+    left_as_dead_letters: int = 0
+    # Buried because scans kept dying while closing them.
+    dead_lettered: int = 0
     elapsed_ms: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -157,9 +163,32 @@ class CompensationScan:
     def _close_overdue(self, token: str) -> None:
         overdue = self._orders().filter(self.model.unpaid_q(), expires_at__lt=self.now - self.grace)
         for rows in self._walk(overdue, token):
-            if self.result.dry_run:
+            members = {order_member(self.model, pk): pk for pk, _ in rows}
+            dropped = self._dropped_by_consumers(members)
+            if self.result.dry_run or not dropped:
                 continue
-            outcome = close_expired(self.model, [pk for pk, _ in rows], self.now)
+            # Closed in one batch; those an earlier scan started on and never
+            # finished (its process died) one at a time, or buried.
+            earlier = self._scans_started(dropped)
+            fresh = {member: pk for member, pk in dropped.items() if not earlier.get(member)}
+            self._close_counted(fresh)
+            for member, pk in dropped.items():
+                if earlier.get(member, 0) > settings.MAX_TAKEOVERS:
+                    self._bury(pk, earlier[member])
+                    self._bookkeep("done_scanning", {member: pk})
+                elif earlier.get(member):
+                    self._close_counted({member: pk})
+
+    def _close_counted(self, members: dict[str, Any]) -> None:
+        """Close these in one batch, counted in Redis so a scan that dies doing it is known."""
+        if members:
+            self._bookkeep("start_scanning", members)
+            self._close([list(members.values())])
+            self._bookkeep("done_scanning", members)
+
+    def _close(self, batches: list[list[Any]]) -> None:
+        for pks in batches:
+            outcome = close_expired(self.model, pks)
             self.result.closed += len(outcome.closed)
             self.result.skipped_paid += len(outcome.settled)
             self.result.not_due += len(outcome.not_due)
@@ -170,12 +199,64 @@ class CompensationScan:
             self._forget([*outcome.closed, *outcome.settled])
             deadletters.resolve_settled(self.model, outcome.closed, outcome.settled, self.now)
 
+    def _dropped_by_consumers(self, members: dict[str, Any]) -> dict[str, Any]:
+        """The overdue orders no consumer is handling: the scan's to close.
+
+        Not an open dead letter (staff decide those). And, as far as Redis
+        tells: not waiting in pending, nor leased, since less than the grace
+        ago (a retry in backoff, a busy row put back, a batch in hand).
+        Missing from Redis, or left there that long, means no consumer will.
+        """
+        buried = set(DeadLetter.objects.filter(
+            order_model=self.model._meta.label, order_id__in=list(members), resolved_at__isnull=True,
+        ).values_list("order_id", flat=True))
+        candidates = {member: pk for member, pk in members.items() if member not in buried}
+        self.result.left_as_dead_letters += len(members) - len(candidates)
+        if not self.result.locked:
+            return candidates
+        try:
+            positions = self.queue.positions(candidates)
+        except QueueUnavailable:
+            logger.warning("compensation scan lost Redis; closing what the database says is overdue")
+            self.result.locked = False
+            return candidates
+        cutoff = now_score(self.now - self.grace)
+        dropped = {member: pk for member, pk in candidates.items()
+                   if all(at is None or at <= cutoff
+                          for at in (positions[member].pending_ms, positions[member].lease_ms))}
+        self.result.left_to_consumers += len(candidates) - len(dropped)
+        return dropped
+
+    def _scans_started(self, members: dict[str, Any]) -> dict[str, int]:
+        if not self.result.locked:
+            return {}
+        try:
+            return self.queue.scans_started(members)
+        except QueueUnavailable:
+            return {}
+
+    def _bookkeep(self, step: str, members: dict[str, Any]) -> None:
+        if self.result.locked:
+            try:
+                getattr(self.queue, step)(members)
+            except QueueUnavailable:
+                logger.warning("compensation scan could not keep its books in Redis", exc_info=True)
+
+    def _bury(self, pk: Any, scans: int) -> None:
+        error = RepeatedTakeover(
+            f"{scans} compensation scans died while closing it (a receiver that exits the "
+            "process or runs out of memory?); not tried again.")
+        logger.error("compensation scan: order=%s dead-lettered after %d scans died with it.", pk, scans)
+        deadletters.record(self.model, [deadletters.Failure(pk, scans, now_score(self.now), error)],
+                           self.now)
+        self.result.dead_lettered += 1
+
     def _forget(self, pks: list[Any]) -> None:
         """Members of orders settled here need not wait for the consumer to drop them."""
         if not pks or not self.result.locked:
             return
         try:
-            self.queue.unschedule(order_member(pk) for pk in pks)
+            self.queue.unschedule(order_member(self.model, pk) for pk in pks)
         except QueueUnavailable:
             logger.warning("compensation scan could not clean up Redis", exc_info=True)
 
@@ -184,7 +265,7 @@ class CompensationScan:
         # dead-lettered one must not be retried behind the staff's back).
         upcoming = self._orders().filter(self.model.unpaid_q(), expires_at__gt=self.now)
         for rows in self._walk(upcoming, token):
-            deadlines = {order_member(pk): deadline_score(expires_at) for pk, expires_at in rows}
+            deadlines = {order_member(self.model, pk): deadline_score(expires_at) for pk, expires_at in rows}
             missing = self.queue.missing(deadlines)
             if self.result.dry_run:
                 self.result.restored += len(missing)

@@ -29,19 +29,29 @@ DEFAULTS: dict[str, Any] = {
     # Most members one claim takes; bounds how long one script call holds Redis.
     "BATCH_SIZE": 200,
     # Seconds a claimed member stays leased before another consumer may take it
-    # over (its consumer is presumed dead). Longer than your slowest batch.
+    # over (its consumer is presumed dead). It also bounds a batch: its
+    # transaction cannot hold row locks much longer (the consumer's database
+    # session times out, and a batch still running then is given up).
     "LEASE_SECONDS": 30,
+    # A member taken over from a dead consumer this many times is tried again
+    # each time (alone); at the next takeover it becomes a dead letter.
+    "MAX_TAKEOVERS": 3,
     # Longest idle sleep of the consumer, in seconds: bounds how late it notices
     # a deadline added by another process while it sleeps.
     "MAX_WAIT": 1.0,
     # "app_label.ModelName" of the order model, a subclass of TimeoutOrderMixin.
     "ORDER_MODEL": "order_timeout.Order",
+    # Seconds one Redis round trip may take when a save schedules its order
+    # (after commit, in the request): a hung Redis costs a request at most
+    # about three of these, then the save goes on and the scan catches up.
+    "SCHEDULE_TIMEOUT": 0.1,
     # Seconds to wait before each retry of an order whose close failed; after
     # the last one, the order becomes a dead letter (seed 002: 10 s, 30 s, 60 s).
     "RETRY_DELAYS": [10, 30, 60],
     # The compensation scan closes unpaid orders overdue by more than this many
-    # seconds: long enough that it only catches what the consumer missed.
-    "COMPENSATION_GRACE": 60,
+    # seconds, and only those Redis shows no consumer handling for this long:
+    # longer than LEASE_SECONDS plus the sum of RETRY_DELAYS (check W004).
+    "COMPENSATION_GRACE": 150,
     # Seconds between two compensation scans in the Celery beat entry.
     "COMPENSATION_INTERVAL": 300,
     # Orders the scan reads, locks and closes per transaction.
@@ -114,6 +124,8 @@ VALIDATORS: dict[str, Callable[[str, Any], None]] = {
     "DEFAULT_TIMEOUT": _positive_number,
     "BATCH_SIZE": _batch_size,
     "LEASE_SECONDS": _positive_number,
+    "MAX_TAKEOVERS": _positive_int,
+    "SCHEDULE_TIMEOUT": _positive_number,
     "MAX_WAIT": _positive_number,
     "ORDER_MODEL": _model_label,
     "RETRY_DELAYS": _delays,

@@ -3,29 +3,35 @@
 Any number of consumers may run on any hosts: the claim script hands each
 member to one of them, and the row lock in ``closing`` decides the rest. A
 consumer that dies mid-batch loses nothing: its members stay leased and are
-handed to another consumer once the lease runs out.
+taken over, one at a time, once the lease runs out; one taken over too often
+becomes a dead letter, so no order can stall the others.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import Error as DatabaseError
-from django.db import close_old_connections
+from django.db import Error as DatabaseError, close_old_connections, connections, router
 from django.utils import timezone
 
 from . import deadletters, get_order_model
 from .closing import close_expired
 from .codec import deadline_score, now_score, parse_member
 from .conf import MAX_BATCH_SIZE, settings
+from .dbsession import database_now, limit_session, session_id
 from .deadletters import Failure
-from .exceptions import QueueUnavailable
+from .exceptions import QueueUnavailable, RepeatedTakeover
+from .leaseguard import LeaseGuard, WatchedBatch
 from .models import TimeoutOrderMixin
 from .queue import Claim, TimeoutQueue, WakeListener
 
@@ -36,6 +42,8 @@ ERROR_BACKOFF_FIRST = 0.5
 ERROR_BACKOFF_MAX = 30.0
 # An order whose row another transaction holds is claimed again this much later.
 BUSY_RETRY_MS = 1000
+# The database-minus-host clock offset is the largest of this many recent readings.
+CLOCK_SAMPLES = 20
 
 
 @dataclass
@@ -49,6 +57,7 @@ class BatchReport:
     failed: int = 0
     dead_lettered: int = 0
     dropped: int = 0
+    abandoned: int = 0  # given up after LEASE_SECONDS, handed to the next claim
 
 
 @dataclass
@@ -67,9 +76,12 @@ class ConsumerStats(BatchReport):
 class Consumer:
     """Claim -> close -> ack, until asked to stop.
 
-    ``now`` is the clock (a callable returning an aware datetime); one reading
-    of it judges a whole batch, in Redis and in the database alike. Tests pass
-    their own to step through time without sleeping.
+    ``now`` is this host's clock (a callable returning an aware datetime).
+    The database decides whether an order is due; the consumer learns how far
+    its clock is from the database's with every batch, and claims by the
+    database's time (erring late), so a host whose clock runs fast does not
+    claim early. Tests that step time by hand pass their own ``now`` and
+    ``follow_database_clock=False``.
     """
 
     def __init__(
@@ -81,6 +93,7 @@ class Consumer:
         max_wait: float | None = None,
         lease_seconds: float | None = None,
         now: Callable[[], datetime] | None = None,
+        follow_database_clock: bool = True,
     ) -> None:
         self.queue = queue or TimeoutQueue.from_settings()
         self.model = model or get_order_model()
@@ -88,14 +101,43 @@ class Consumer:
         if not 1 <= self.batch_size <= MAX_BATCH_SIZE:
             raise ValueError(f"batch_size must be from 1 to {MAX_BATCH_SIZE}, got {self.batch_size}")
         self.max_wait = max_wait if max_wait is not None else settings.MAX_WAIT
-        self.lease_ms = round(1000 * (lease_seconds if lease_seconds is not None else settings.LEASE_SECONDS))
+        self.lease_seconds = lease_seconds if lease_seconds is not None else settings.LEASE_SECONDS
+        self.lease_ms = round(1000 * self.lease_seconds)
         self.retry_delays_ms = [round(1000 * delay) for delay in settings.RETRY_DELAYS]
+        self.max_takeovers = settings.MAX_TAKEOVERS
         self.now = now or timezone.now
+        # Off only for tests that step time by hand through ``now``.
+        self.follow_database_clock = follow_database_clock
         self.stats = ConsumerStats()
+        self.using = router.db_for_write(self.model)
+        # Database clock minus this host's, from recent batches (each reading errs low).
+        self._clock_readings: deque[timedelta] = deque(maxlen=CLOCK_SAMPLES)
+        self._claims = (f"{uuid.uuid4().hex[:12]}:{n}" for n in itertools.count())
         self._stop = threading.Event()
         # Set to end a sleep early: by a stop, or by a new earliest deadline.
         self._wake = threading.Event()
         self._listener: WakeListener | None = None
+        self._guard: LeaseGuard | None = None
+        self._limited_connection: Any = None
+
+    # -- the clock ------------------------------------------------------
+
+    @property
+    def clock_offset(self) -> timedelta:
+        return max(self._clock_readings, default=timedelta(0))
+
+    def clock(self) -> datetime:
+        """This host's time, corrected to the database's (never ahead of it, by construction)."""
+        return self.now() + self.clock_offset
+
+    def _learn_clock(self, db_now: datetime | None) -> None:
+        if db_now is not None and self.follow_database_clock:
+            # Read after the statement returned: the reading is the true offset minus that delay.
+            self._clock_readings.append(db_now - self.now())
+
+    def sync_clock(self) -> None:
+        """Read the database's clock once (at start, before the first claim)."""
+        self._learn_clock(database_now(self.using))
 
     # -- stopping -------------------------------------------------------
 
@@ -113,13 +155,16 @@ class Consumer:
     def claim(self, now: datetime, due_by: datetime | None = None) -> Claim:
         """Lease the next batch due by ``due_by`` (default ``now``)."""
         due_ms = now_score(min(now, due_by) if due_by else now)
-        return self.queue.claim(due_ms, self.batch_size, now_score(now) + self.lease_ms)
+        return self.queue.claim(due_ms, self.batch_size, now_score(now) + self.lease_ms,
+                                next(self._claims))
 
-    def process(self, members: list[str], now: datetime) -> BatchReport:
-        """Close what is due among claimed ``members``; ack, reschedule or retry each."""
+    def process(self, claim: Claim, now: datetime) -> BatchReport:
+        """Close what is due among the claimed members; ack, reschedule or retry each."""
+        if claim.takeovers > self.max_takeovers:
+            return self._bury_taken_over(claim, now)
         by_pk: dict[Any, str] = {}
         malformed: list[str] = []
-        for member in members:
+        for member in claim.members:
             try:
                 by_pk[parse_member(self.model, member)] = member
             except ValueError:
@@ -128,34 +173,73 @@ class Consumer:
             logger.error("Dropping %d malformed member(s) from the timeout queue: %r",
                          len(malformed), malformed[:20])
 
-        outcome = close_expired(self.model, list(by_pk), now)
+        with self._watching(claim) as batch:
+            outcome = close_expired(self.model, list(by_pk),
+                                    should_stop=batch.expired if batch else None)
+        self._learn_clock(outcome.db_now)
 
         if outcome.missing:
             logger.warning("No %s row for member(s) %r; dropped.", self.model.__name__,
                            [by_pk[pk] for pk in outcome.missing][:20])
         done = [*outcome.closed, *outcome.settled, *outcome.missing]
-        self.queue.ack([*malformed, *(by_pk[pk] for pk in done)])
-        busy_until = now_score(now) + BUSY_RETRY_MS
-        self.queue.reschedule({
-            **{by_pk[pk]: deadline_score(deadline) for pk, deadline in outcome.not_due.items()},
-            # Locked by someone else: look again shortly, not counted as a failure.
-            **{by_pk[pk]: busy_until for pk in outcome.busy},
-        })
-        dead = self._retry_or_bury(outcome.failed, by_pk, now)
+        self.queue.ack(claim.token, [*malformed, *(by_pk[pk] for pk in done)])
+        self.queue.reschedule(claim.token, {
+            by_pk[pk]: deadline_score(deadline) for pk, deadline in outcome.not_due.items()})
+        # Locked by someone else: look again shortly, not counted as a failure.
+        self.queue.reschedule(claim.token, {by_pk[pk]: now_score(now) + BUSY_RETRY_MS
+                                            for pk in outcome.busy}, busy_since_ms=now_score(now))
+        if outcome.abandoned:
+            # Hand them to the next claim at once, each alone (the guard did, unless it was not there).
+            self.queue.renew(claim.token, [by_pk[pk] for pk in outcome.abandoned], 0)
+        dead = self._retry_or_bury(claim.token, outcome.failed, by_pk, now)
         return BatchReport(
-            claimed=len(members), closed=len(outcome.closed), skipped_paid=len(outcome.settled),
+            claimed=len(claim.members), closed=len(outcome.closed),
+            skipped_paid=len(outcome.settled),
             rescheduled=len(outcome.not_due) + len(outcome.busy), failed=len(outcome.failed),
-            dead_lettered=dead,
-            dropped=len(malformed) + len(outcome.missing),
+            dead_lettered=dead, dropped=len(malformed) + len(outcome.missing),
+            abandoned=len(outcome.abandoned),
         )
 
-    def _retry_or_bury(self, failed: dict[Any, BaseException], by_pk: dict[Any, str],
+    @contextmanager
+    def _watching(self, claim: Claim) -> Iterator[WatchedBatch | None]:
+        """Limit this batch's database session, and let the guard watch it (under ``run()``)."""
+        connection = connections[self.using]
+        connection.ensure_connection()
+        if connection.connection is not self._limited_connection:
+            limit_session(connection, self.lease_seconds)
+            self._limited_connection = connection.connection
+        if self._guard is None:
+            yield None
+            return
+        with self._guard.watching(claim.token, claim.members, session_id(connection),
+                                  self.using) as batch:
+            yield batch
+
+    def _bury_taken_over(self, claim: Claim, now: datetime) -> BatchReport:
+        """A member whose consumers kept dying with it: a dead letter, not another try."""
+        member = claim.members[0]
+        error = RepeatedTakeover(
+            f"Its consumer died, froze or overran LEASE_SECONDS with it {claim.takeovers} times "
+            "(a receiver that exits the process, runs out of memory or hangs?); not tried again.")
+        logger.error("order=%s taken over %d times: dead-lettered without another try.",
+                     member, claim.takeovers)
+        try:
+            pk = parse_member(self.model, member)
+        except ValueError:
+            self.queue.ack(claim.token, [member])
+            return BatchReport(claimed=1, dropped=1)
+        buried = self._record_dead_letters(
+            claim.token, [Failure(pk, claim.takeovers, now_score(now), error)], {pk: member}, now)
+        return BatchReport(claimed=1, dead_lettered=buried)
+
+    def _retry_or_bury(self, token: str, failed: dict[Any, BaseException], by_pk: dict[Any, str],
                        now: datetime) -> int:
         """Back off each failed order; past the last delay, write its dead letter and let go."""
         if not failed:
             return 0
         pk_of = {member: pk for pk, member in by_pk.items()}
-        retries = self.queue.retry([by_pk[pk] for pk in failed], now_score(now), self.retry_delays_ms)
+        retries = self.queue.retry(token, [by_pk[pk] for pk in failed], now_score(now),
+                                   self.retry_delays_ms)
         dead: list[Failure] = []
         for retry in retries:
             pk = pk_of[retry.member]
@@ -170,11 +254,27 @@ class Consumer:
                 exc_info=error,
                 extra={"order_id": retry.member, "attempt": retry.attempts},
             )
-        if dead:
-            # Written before the members leave Redis: if this fails, they stay
-            # leased and come back after the lease, to be buried again.
+        return self._record_dead_letters(token, dead, by_pk, now) if dead else 0
+
+    def _record_dead_letters(self, token: str, dead: list[Failure], by_pk: dict[Any, str],
+                             now: datetime) -> int:
+        """Write the dead letters, then let the members go; returns how many were buried.
+
+        Written before the members leave Redis. If the write fails, they go
+        back on the queue a last retry delay later, to be buried then: at
+        most one try per that delay, never a loop, nothing lost.
+        """
+        members = [by_pk[failure.pk] for failure in dead]
+        try:
             deadletters.record(self.model, dead, now)
-            self.queue.ack([by_pk[failure.pk] for failure in dead])
+        except DatabaseError as exc:
+            wait_ms = max(self.retry_delays_ms, default=self.lease_ms)
+            logger.error("Could not write %d dead letter(s) (%s: %s); order(s) %s go back on the "
+                         "queue and are buried %gs later.", len(dead), type(exc).__name__, exc,
+                         ", ".join(members[:20]), wait_ms / 1000)
+            self.queue.reschedule(token, {member: now_score(now) + wait_ms for member in members})
+            return 0
+        self.queue.ack(token, members)
         return len(dead)
 
     def run_once(self, due_by: datetime | None = None) -> Claim:
@@ -182,15 +282,27 @@ class Consumer:
         close_old_connections()
         try:
             started = time.perf_counter()
-            now = self.now()
+            now = self.clock()
             claim = self.claim(now, due_by)
             if claim.members:
-                report = self.process(claim.members, now)
+                try:
+                    report = self.process(claim, now)
+                except DatabaseError:
+                    self._release(claim, now)
+                    raise
                 self.stats.add(report)
                 self._log_batch(report, started)
             return claim
         finally:
             close_old_connections()
+
+    def _release(self, claim: Claim, now: datetime) -> None:
+        """The database failed us, not the orders: put them back, due, without counting a takeover."""
+        try:
+            self.queue.reschedule(claim.token, {member: now_score(now) for member in claim.members})
+        except QueueUnavailable:
+            logger.warning("Could not put back %d claimed member(s); they are taken over when "
+                           "their lease runs out.", len(claim.members))
 
     @staticmethod
     def _log_batch(report: BatchReport, started: float) -> None:
@@ -206,11 +318,19 @@ class Consumer:
         Redis and database errors are logged and retried with backoff; in
         ``once`` mode they are raised, since the caller wants a verdict.
         """
-        if once:
-            return self._run(once=True)
+        self._guard = LeaseGuard(self.queue, self.lease_seconds, lambda: now_score(self.clock()))
         try:
-            return self._run(once=False)
+            if self.follow_database_clock:
+                try:
+                    self.sync_clock()
+                except DatabaseError as exc:
+                    if once:
+                        raise
+                    logger.warning("Could not read the database's clock yet (%s); going on.", exc)
+            return self._run(once=once)
         finally:
+            self._guard.close()
+            self._guard = None
             if self._listener is not None:
                 self._listener.close()
                 self._listener = None
@@ -219,7 +339,7 @@ class Consumer:
         backoff = ERROR_BACKOFF_FIRST
         # --once means "what is due now": a fixed cutoff, so a steady stream
         # of new deadlines cannot keep it running.
-        due_by = self.now() if once else None
+        due_by = self.clock() if once else None
         while not self.stopping:
             try:
                 claim = self.run_once(due_by)
@@ -255,5 +375,6 @@ class Consumer:
         """Seconds to sleep: until the next deadline in Redis, at most ``max_wait``."""
         if next_score is None:
             return self.max_wait
-        wait = (next_score - now_score(self.now())) / 1000
+        wait = (next_score - now_score(self.clock())) / 1000
         return min(max(wait, 0.0), self.max_wait)
+

@@ -18,6 +18,7 @@ from django.apps import apps
 from django.db import router, transaction
 
 from .closing import close_expired
+from .exceptions import QueueUnavailable
 from .codec import deadline_score, order_member
 from .models import DeadLetter, TimeoutOrderMixin
 from .queue import TimeoutQueue
@@ -124,7 +125,7 @@ def requeue(letters: Iterable[DeadLetter], user: Any, now: datetime,
                     if _resolve(letter, DeadLetter.Resolution.SETTLED, user, now):
                         counts["settled"] += 1
                 elif _resolve(letter, DeadLetter.Resolution.REQUEUED, user, now):
-                    deadlines[order_member(order.pk)] = deadline_score(order.expires_at)
+                    deadlines[order_member(model, order.pk)] = deadline_score(order.expires_at)
                     counts["requeued"] += 1
             queue.schedule(deadlines)
     return counts
@@ -136,7 +137,7 @@ def close_now(letters: Iterable[DeadLetter], user: Any, now: datetime,
     counts: Counter[str] = Counter()
     for model, group in _open_by_model(letters).items():
         by_pk = {model._meta.pk.to_python(letter.order_id): letter for letter in group}
-        outcome = close_expired(model, list(by_pk), now)
+        outcome = close_expired(model, list(by_pk))
         with transaction.atomic(using=_db()):
             for pk in outcome.closed:
                 # Unconditional in effect: the close happened, whoever resolved the letter.
@@ -154,5 +155,9 @@ def close_now(letters: Iterable[DeadLetter], user: Any, now: datetime,
                       busy=len(outcome.busy))
         if outcome.not_due:
             # The deadline was extended meanwhile: it is not ours to close yet.
-            counts.update(requeue([by_pk[pk] for pk in outcome.not_due], user, now, queue))
+            try:
+                counts.update(requeue([by_pk[pk] for pk in outcome.not_due], user, now, queue))
+            except QueueUnavailable:
+                # The closes above committed; these stay open dead letters for another try.
+                counts.update(unrequeued=len(outcome.not_due))
     return counts

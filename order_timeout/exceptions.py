@@ -15,3 +15,15 @@ class OrderClosed(OrderTimeoutError):
 
 class StaleOrderStatus(OrderTimeoutError):
     """A save would overwrite a paid or closed row with an older status (the object was stale)."""
+
+
+class ImmediateShutdown(SystemExit):
+    """The consumer was told twice to stop: leave now, whatever is in hand.
+
+    The one exception a receiver's close does not catch; whatever was claimed
+    stays leased and another consumer takes it over.
+    """
+
+
+class RepeatedTakeover(OrderTimeoutError):
+    """The order's consumer died, froze or overran its lease with it too often: a dead letter."""

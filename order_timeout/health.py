@@ -30,6 +30,12 @@ class Health:
     expired_leases: int
     # How long the oldest due member (or expired lease) has waited to be claimed.
     oldest_due_age_seconds: float
+    # Members whose row another transaction kept locked when a consumer came for it,
+    # and how long the longest such lock has kept one waiting.
+    busy: int
+    oldest_busy_age_seconds: float
+    # Members taken over from a consumer that died, froze or overran its lease with them.
+    taken_over: int
     # Open dead letters: orders waiting for staff.
     dead_letters: int
     # Unpaid rows past their deadline, whatever Redis says.
@@ -61,13 +67,19 @@ def measure(now: datetime | None = None, *, model: type[TimeoutOrderMixin] | Non
         due_unclaimed=stats.due,
         leased=stats.leased,
         expired_leases=stats.expired_leases,
-        oldest_due_age_seconds=(round((now_score(now) - stats.oldest_due_ms) / 1000, 3)
-                                if stats.oldest_due_ms is not None else 0.0),
+        oldest_due_age_seconds=_age(now, stats.oldest_due_ms),
+        busy=stats.busy,
+        oldest_busy_age_seconds=_age(now, stats.oldest_busy_ms),
+        taken_over=stats.taken_over,
         dead_letters=DeadLetter.objects.filter(resolved_at__isnull=True).count(),
         overdue_unpaid_in_database=rows.filter(expires_at__lte=now).count(),
         unpaid_without_deadline=rows.filter(expires_at__isnull=True).count(),
         drift=count_drift(model, queue) if drift else None,
     )
+
+
+def _age(now: datetime, since_ms: int | None) -> float:
+    return round((now_score(now) - since_ms) / 1000, 3) if since_ms is not None else 0.0
 
 
 def count_drift(model: type[TimeoutOrderMixin], queue: TimeoutQueue) -> int:
@@ -81,7 +93,7 @@ def count_drift(model: type[TimeoutOrderMixin], queue: TimeoutQueue) -> int:
             .filter(model.unpaid_q(), expires_at__isnull=False))
     missing: list[str] = []
     for chunk in rows_by_deadline(rows, settings.COMPENSATION_CHUNK):
-        missing += queue.missing(order_member(pk) for pk, _ in chunk)
+        missing += queue.missing(order_member(model, pk) for pk, _ in chunk)
     if not missing:
         return 0
     buried = set(DeadLetter.objects.filter(order_model=model._meta.label, resolved_at__isnull=True)

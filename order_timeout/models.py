@@ -123,32 +123,31 @@ class TimeoutOrderMixin(models.Model):
         return {cls.TIMEOUT_STATUS_FIELD: cls.TIMEOUT_CLOSED_STATUS, "closed_at": now,
                 "close_reason": TIMEOUT_REASON}
 
-    # -- what the queue last saw ---------------------------------------------
+    # -- what this copy and the queue last saw ----------------------------------
 
     @classmethod
     def from_db(cls, *args: Any, **kwargs: Any) -> Any:
         instance = super().from_db(*args, **kwargs)
-        instance._remember_db_status()
-        instance._remember_queue_state()
+        instance._remember_db_state()
+        instance._queue_state = instance._db_state
         return instance
 
-    def _remember_db_status(self) -> None:
-        """The status this copy last read or wrote, so a save can tell a stale copy."""
-        self._db_status = self.__dict__.get(self.TIMEOUT_STATUS_FIELD)
+    def _timeout_state(self) -> tuple[Any, Any]:
+        return (self.__dict__.get(self.TIMEOUT_STATUS_FIELD), self.__dict__.get("expires_at"))
+
+    def _remember_db_state(self) -> None:
+        """Status and deadline as this copy last read or wrote them, so a save can tell it is stale."""
+        self._db_state = self._timeout_state()
 
     def _apply_close(self, values: dict[str, Any]) -> None:
         """This copy was closed by ``values`` in the database (by the consumer or the scan)."""
         for name, value in values.items():
             setattr(self, name, value)
-        self._remember_db_status()
-
-    def _remember_queue_state(self) -> None:
-        """Status and deadline as the database holds them, so an unrelated save leaves Redis alone."""
-        self._queue_state = (self.__dict__.get(self.TIMEOUT_STATUS_FIELD),
-                             self.__dict__.get("expires_at"))
+        self._remember_db_state()
 
     def queue_state_changed(self) -> bool:
-        return getattr(self, "_queue_state", None) != (self.timeout_status, self.expires_at)
+        """Whether status or deadline differ from what Redis was last told (at a commit)."""
+        return getattr(self, "_queue_state", None) != self._timeout_state()
 
     # -- saving ----------------------------------------------------------------
 
@@ -156,26 +155,53 @@ class TimeoutOrderMixin(models.Model):
         """Save, refusing a status write that would reopen a closed order or unsettle a settled one.
 
         A new unpaid order saved without a deadline gets ``DEFAULT_TIMEOUT``.
-        For an existing row the check locks it first, so it cannot race the
-        consumer; moves between settled values are the shop's business.
+        For an existing row the row is locked and read first, so the check
+        cannot race the consumer, and a deadline this copy did not touch is
+        not written back over one moved meanwhile (by ``extend_deadline()``
+        on another copy): a save never moves a deadline the row does not hold.
+        Moves between settled values are the shop's business.
         """
         if self._state.adding and self.expires_at is None and self.is_unpaid:
             self.expires_at = default_deadline()
         update_fields = kwargs.get("update_fields")
         writes_status = update_fields is None or self.TIMEOUT_STATUS_FIELD in update_fields
-        if self._state.adding or self.pk is None or not writes_status:
-            super().save(*args, **kwargs)
-            if writes_status:
-                self._remember_db_status()
-            return
+        writes_deadline = update_fields is None or "expires_at" in update_fields
         using = kwargs.get("using") or self._state.db or router.db_for_write(type(self), instance=self)
+        if self._state.adding or self.pk is None:
+            super().save(*args, **kwargs)
+            self._remember_db_state_on_commit(using, self._timeout_state())
+            return
+        if not (writes_status or writes_deadline):
+            super().save(*args, **kwargs)
+            return
         with transaction.atomic(using=using):
             current = (type(self)._base_manager.db_manager(using).select_for_update()
-                       .filter(pk=self.pk).values_list(self.TIMEOUT_STATUS_FIELD, flat=True).first())
-            if current is not None:
-                self._refuse_unsafe_move(current)
+                       .filter(pk=self.pk).values_list(self.TIMEOUT_STATUS_FIELD, "expires_at")
+                       .first())
+            if current is not None and writes_status:
+                self._refuse_unsafe_move(current[0])
+            if current is not None and writes_deadline:
+                self._keep_a_deadline_moved_meanwhile(current[1])
             super().save(*args, **kwargs)
-        self._remember_db_status()
+            if current is not None:
+                # What the row holds now: what this save wrote, the rest as read under the lock.
+                self._remember_db_state_on_commit(using, (
+                    self.timeout_status if writes_status else current[0],
+                    self.expires_at if writes_deadline else current[1]))
+
+    def _remember_db_state_on_commit(self, using: str, state: tuple[Any, Any]) -> None:
+        """Only a committed save changes what the row holds: after a rollback the copy's
+        changes are still its own, to be written by the next save."""
+
+        def remember() -> None:
+            self._db_state = state
+
+        transaction.on_commit(remember, using=using)
+
+    def _keep_a_deadline_moved_meanwhile(self, current: Any) -> None:
+        loaded = getattr(self, "_db_state", (None, None))[1]
+        if self.expires_at == loaded and current != loaded:
+            self.expires_at = current
 
     def _refuse_unsafe_move(self, current: Any) -> None:
         new = self.timeout_status
@@ -191,30 +217,37 @@ class TimeoutOrderMixin(models.Model):
             return
         if new == self.TIMEOUT_PAID_STATUS:
             raise OrderClosed(f"{name} was closed by its deadline; it cannot be paid now.")
-        if getattr(self, "_db_status", None) != current:
+        if getattr(self, "_db_state", (None, None))[0] != current:
             # This copy still thought the order open: its author never saw the close.
             raise StaleOrderStatus(
-                f"{name} was closed by its deadline since this copy was loaded; "
+                f"{name} is {current!r} (closed) in the database since this copy was loaded; "
                 f"refusing to move it to {new!r}.")
 
     # -- payment and deadline ------------------------------------------------
 
     def _conditional_update(self, **values: Any) -> bool:
-        """UPDATE this row only while it is unpaid; True if it was."""
+        """UPDATE this row only while it is unpaid; True if it was.
+
+        When it was not, the row is read again with a lock: a locking read
+        sees the latest committed row under any isolation level, where a plain
+        read inside the caller's REPEATABLE READ transaction would see its
+        snapshot ("still unpaid") and answer wrongly.
+        """
         using = self._state.db or router.db_for_write(type(self), instance=self)
         manager = type(self)._base_manager.db_manager(using)
         updated = manager.filter(self.unpaid_q(), pk=self.pk).update(**values)
         if updated:
             for name, value in values.items():
                 setattr(self, name, value)
-            self._remember_db_status()
-            self._remember_queue_state()
+            self._remember_db_state()
             return True
-        current = manager.filter(pk=self.pk).values_list(self.TIMEOUT_STATUS_FIELD, flat=True).first()
+        with transaction.atomic(using=using):
+            current = (manager.select_for_update().filter(pk=self.pk)
+                       .values_list(self.TIMEOUT_STATUS_FIELD, flat=True).first())
         if current is None:
             raise type(self).DoesNotExist(f"{type(self).__name__} {self.pk!r} does not exist.")
         setattr(self, self.TIMEOUT_STATUS_FIELD, current)
-        self._remember_db_status()
+        self._remember_db_state()
         if current == self.TIMEOUT_CLOSED_STATUS:
             raise OrderClosed(f"{type(self).__name__} {self.pk!r} was already closed.")
         return False

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -34,16 +35,30 @@ def _database(order: TimeoutOrderMixin) -> str:
     return order._state.db or router.db_for_write(type(order), instance=order)
 
 
-def _sync(deadlines: dict[str, int], gone: list[str]) -> None:
+@dataclass
+class _Change:
+    """What one commit tells the queue, and the copies to mark as told once it has."""
+
+    deadlines: dict[str, int] = field(default_factory=dict)
+    gone: list[str] = field(default_factory=list)
+    told: list[tuple[TimeoutOrderMixin, tuple[Any, Any]]] = field(default_factory=list)
+
+
+def _sync(change: _Change) -> None:
     try:
-        TimeoutQueue.from_settings().sync(deadlines, gone)
-    except QueueUnavailable:
+        # Bounded: this runs in the request that saved the order.
+        TimeoutQueue.for_saves().sync(change.deadlines, change.gone)
+    except QueueUnavailable as exc:
         logger.warning(
-            "Could not update the timeout queue for %d order(s); the compensation "
-            "scan will close them if they expire: %s",
-            len(deadlines) + len(gone), ", ".join([*deadlines, *gone][:20]),
-            exc_info=True,
+            "Could not update the timeout queue for %d order(s) (%s); the compensation scan "
+            "will close them if they expire: %s",
+            len(change.deadlines) + len(change.gone), exc,
+            ", ".join([*change.deadlines, *change.gone][:20]),
         )
+        return
+    for order, state in change.told:
+        # Remembered only now: a rolled-back save told Redis nothing.
+        order._queue_state = state
 
 
 def schedule(orders: Iterable[TimeoutOrderMixin]) -> None:
@@ -52,26 +67,27 @@ def schedule(orders: Iterable[TimeoutOrderMixin]) -> None:
     Orders in an unpaid status with a deadline are (re)scheduled at their
     ``expires_at``; any other order is taken off the queue.
     """
-    by_database: dict[str, tuple[dict[str, int], list[str]]] = defaultdict(lambda: ({}, []))
+    by_database: dict[str, _Change] = defaultdict(_Change)
     for order in orders:
-        deadlines, gone = by_database[_database(order)]
-        member = order_member(order.pk)
+        change = by_database[_database(order)]
+        member = order_member(type(order), order.pk)
         if order.awaits_payment:
             assert order.expires_at is not None
-            deadlines[member] = deadline_score(order.expires_at)
+            change.deadlines[member] = deadline_score(order.expires_at)
         else:
-            gone.append(member)
-    for using, (deadlines, gone) in by_database.items():
-        transaction.on_commit(partial(_sync, deadlines, gone), using=using)
+            change.gone.append(member)
+        change.told.append((order, order._timeout_state()))
+    for using, change in by_database.items():
+        transaction.on_commit(partial(_sync, change), using=using)
 
 
 def unschedule(orders: Iterable[TimeoutOrderMixin]) -> None:
     """Take these orders off the queue once the transaction commits."""
-    by_database: dict[str, list[str]] = defaultdict(list)
+    by_database: dict[str, _Change] = defaultdict(_Change)
     for order in orders:
-        by_database[_database(order)].append(order_member(order.pk))
-    for using, gone in by_database.items():
-        transaction.on_commit(partial(_sync, {}, gone), using=using)
+        by_database[_database(order)].gone.append(order_member(type(order), order.pk))
+    for using, change in by_database.items():
+        transaction.on_commit(partial(_sync, change), using=using)
 
 
 # -- the receivers ------------------------------------------------------------
@@ -88,7 +104,6 @@ def order_saved(sender: Any, instance: TimeoutOrderMixin, raw: bool = False,
     # a retry's backoff does not pull the retry forward to the old deadline.
     if not kwargs.get("created") and not instance.queue_state_changed():
         return
-    instance._remember_queue_state()
     schedule([instance])
 
 

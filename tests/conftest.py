@@ -70,8 +70,11 @@ def clock() -> Clock:
 
 @pytest.fixture
 def consumer(clock: Clock) -> Callable[..., Consumer]:
+    """A consumer on the test's clock, which the test moves by hand (so the database's is not followed)."""
+
     def build(**kwargs: Any) -> Consumer:
         kwargs.setdefault("now", clock)
+        kwargs.setdefault("follow_database_clock", False)
         return Consumer(**kwargs)
 
     return build

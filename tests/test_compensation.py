@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import io
 import logging
+import os
+import subprocess
+import sys
 import threading
 from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
 
-from order_timeout.codec import deadline_score
+from order_timeout.codec import deadline_score, now_score
 from order_timeout.compensation import compensate
-from order_timeout.models import Order
+from order_timeout.models import DeadLetter, Order
 from order_timeout.signals import order_expired
 from testproject.shop.models import Expiry
+
+from .conftest import PROJECT_ROOT, database_url
+from .helpers import expiries
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -23,7 +29,7 @@ def test_pitfall_1_redis_data_loss_is_healed_by_rebuild_and_the_scan(make_order,
                                                                      settings):
     settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "COMPENSATION_CHUNK": 2}
     future = [make_order(in_seconds=600 + i) for i in range(5)]
-    overdue = [make_order(in_seconds=-120) for _ in range(3)]
+    overdue = [make_order(in_seconds=-600) for _ in range(3)]
     paid = make_order(in_seconds=600)
     paid.mark_paid()
     redis_client.flushdb()  # Redis restarted without persistence
@@ -55,7 +61,7 @@ def test_pitfall_6_order_whose_zadd_failed_is_closed_by_the_scan_after_its_grace
     assert within_grace.closed == 0
     assert Order.objects.get(pk=order.pk).status == "unpaid"
 
-    after_grace = compensate(now=clock() + timedelta(seconds=31))
+    after_grace = compensate(now=clock() + timedelta(seconds=121))  # COMPENSATION_GRACE: 150 s
 
     assert after_grace.closed == 1
     order.refresh_from_db()
@@ -64,7 +70,7 @@ def test_pitfall_6_order_whose_zadd_failed_is_closed_by_the_scan_after_its_grace
 
 
 def test_scan_walks_overdue_orders_in_chunks_and_leaves_the_rest(make_order, queue):
-    overdue = [make_order(in_seconds=-100 - i) for i in range(10)]
+    overdue = [make_order(in_seconds=-200 - i) for i in range(10)]
     recent = make_order(in_seconds=-10)  # within the grace: the consumer's job
     future = make_order(in_seconds=60)
 
@@ -137,18 +143,19 @@ def test_scan_pages_through_orders_sharing_one_deadline(make_order, clock):
     assert result.examined == 7
 
 
-def test_scan_resolves_the_dead_letter_of_an_order_it_closes(make_order, clock):
-    from order_timeout.models import DeadLetter
-
+def test_scan_leaves_an_order_open_in_the_dead_letters_to_staff(make_order, clock, queue):
     order = make_order(in_seconds=-600)
+    queue.unschedule([str(order.pk)])  # a dead letter leaves Redis
     letter = DeadLetter.objects.create(
         order_model="order_timeout.Order", order_id=str(order.pk), attempts=4,
         error_type="RuntimeError", first_failed_at=clock(), last_failed_at=clock())
 
-    compensate()
+    result = compensate()
 
+    assert (result.closed, result.left_as_dead_letters) == (0, 1)
+    assert Order.objects.get(pk=order.pk).status == "unpaid" and expiries(order) == 0
     letter.refresh_from_db()
-    assert letter.resolution == DeadLetter.Resolution.CLOSED and letter.is_resolved
+    assert not letter.is_resolved
 
 
 def test_scan_whose_lock_expires_during_a_chunk_stops_and_says_so(make_order, settings):
@@ -239,3 +246,57 @@ def test_command_draws_a_progress_bar_on_a_terminal_and_ends_with_a_summary(make
     assert "[" + "#" * 30 + "] 4/4" in terminal.getvalue()
     assert "#" not in pipe.getvalue()
     assert pipe.getvalue().strip().startswith("Scan (dry run): 4 overdue unpaid orders would be closed")
+
+
+def test_scan_never_runs_the_receivers_of_an_order_in_retry_backoff(make_order, queue, clock, consumer,
+                                                                   settings):
+    """Overdue by far more than the grace, but Redis shows a consumer retrying it."""
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "RETRY_DELAYS": [60]}
+    order = make_order(in_seconds=-600)
+    calls = []
+
+    def refuse(sender, order, **kwargs):
+        calls.append(order.pk)
+        raise RuntimeError("stock service down")
+
+    order_expired.connect(refuse, weak=False)
+    try:
+        consumer().run(once=True)  # attempt 1 failed: back in pending, 60 s on
+        result = compensate()
+    finally:
+        order_expired.disconnect(refuse)
+
+    assert calls == [order.pk]  # the consumer's try only
+    assert (result.examined, result.left_to_consumers, result.closed) == (1, 1, 0)
+
+
+def test_scan_closes_an_order_whose_retry_no_consumer_took_within_the_grace(make_order, queue, clock):
+    order = make_order(in_seconds=-600)
+    queue.client.zadd(queue.keys.pending, {str(order.pk): now_score(clock()) - 200_000})
+    queue.client.hset(queue.keys.attempts, str(order.pk), 1)  # its retry came due 200 s ago
+
+    result = compensate()
+
+    assert result.closed == 1 and Order.objects.get(pk=order.pk).status == "closed"
+
+
+def test_a_receiver_that_kills_the_scan_is_dead_lettered_and_the_rest_is_closed(make_order, queue):
+    orders = [make_order(in_seconds=-600 - i) for i in range(6)]
+    killer = orders[2]
+    queue.unschedule([str(o.pk) for o in orders])  # Redis lost them: the scan's to close
+    env = {**os.environ, "DATABASE_URL": database_url(), "SHOP_EXIT_ON_ORDER": str(killer.pk)}
+
+    codes = []
+    for _ in range(7):
+        scan = subprocess.run([sys.executable, "manage.py", "order_timeout_compensate"],
+                              cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=120)
+        codes.append(scan.returncode)
+        if scan.returncode == 0:
+            break
+        queue.client.delete(queue.keys.compensation_lock)  # the dead scan's lock runs out
+
+    assert codes == [3, 3, 3, 3, 0], codes  # the first scan, then one per allowed retry
+    assert [Order.objects.get(pk=o.pk).status for o in orders].count("closed") == 5
+    letter = DeadLetter.objects.get()
+    assert letter.order_id == str(killer.pk) and "compensation scans died" in letter.last_error
+    assert queue.client.hlen(queue.keys.scanning) == 0

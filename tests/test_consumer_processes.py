@@ -53,7 +53,11 @@ def test_pitfall_3_racing_consumers_close_every_order_exactly_once(consumer_proc
     assert not Expiry.objects.values("order_id").annotate(n=Count("id")).filter(n__gt=1).exists()
     assert count_in(order_model, "closed") == 2000
     per_process = [closed_count(out) for _, out, _ in results]
-    assert sum(per_process) == 2000
+    if lease_seconds == "30":
+        assert sum(per_process) == 2000
+    else:
+        # A batch given up as its commit went through closed its orders without knowing it.
+        assert sum(per_process) <= 2000
     assert sum(1 for n in per_process if n) >= 2, per_process  # they really raced
     assert queue.pending_count() == 0 and queue.leased_members() == []
 
@@ -73,9 +77,9 @@ def test_orders_of_a_consumer_killed_after_its_claim_are_closed_after_the_lease(
     assert count_in(order_model, "unpaid") == 20
     assert Expiry.objects.count() == 0
     within_lease = Clock(timezone.now() + timedelta(seconds=25))
-    assert Consumer(now=within_lease).run(once=True).claimed == 0
+    assert Consumer(now=within_lease, follow_database_clock=False).run(once=True).claimed == 0
     after_lease = Clock(timezone.now() + timedelta(seconds=31))
-    stats = Consumer(now=after_lease).run(once=True)
+    stats = Consumer(now=after_lease, follow_database_clock=False).run(once=True)
     assert stats.closed == 20
     assert count_in(order_model, "closed") == 20
     assert Expiry.objects.count() == 20

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
+from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.utils import timezone
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
@@ -282,3 +286,54 @@ def test_saving_an_order_during_its_backoff_keeps_the_retry_time(order_in_backof
     Order.objects.get(pk=order_in_backoff.pk).save()
 
     assert queue.score_of(member) == retry_at
+
+
+def test_close_now_of_an_extended_order_with_redis_down_reports_it_instead_of_a_500(
+        dead_letter, client, private_redis):
+    order, letter = dead_letter
+    Order.objects.filter(pk=order.pk).update(expires_at=timezone.now() + timedelta(hours=1))
+    private_redis.stop()
+    client.force_login(staff("ops", "close_deadletter_order"))
+
+    response = post_action(client, "close_now", letter)
+
+    assert response.status_code == 200
+    assert "Redis is unavailable: it was not requeued" in response.text
+    letter.refresh_from_db()
+    assert not letter.is_resolved
+
+
+def test_a_dead_letter_that_cannot_be_written_goes_back_on_the_queue_a_last_delay_later(
+        short_retries, failing_receiver, consumer, make_order, queue, clock, caplog):
+    order = make_order(in_seconds=-1)
+    failing_receiver.failing.add(order.pk)
+    worker = consumer()
+    worker.run(once=True)
+    for delay in (1, 2):
+        clock.advance(delay)
+        worker.run(once=True)
+    clock.advance(4)
+
+    with broken_dead_letter_table(), caplog.at_level(logging.ERROR, logger="order_timeout"):
+        worker.run(once=True)  # the last try fails, and so does writing its dead letter
+
+    assert "Could not write 1 dead letter(s)" in caplog.text
+    assert queue.score_of(str(order.pk)) == now_score(clock()) + 4000  # not a loop: 4 s on
+    assert queue.leased_members() == [] and not DeadLetter.objects.exists()
+    clock.advance(4)
+    worker.run(once=True)
+    assert DeadLetter.objects.get().order_id == str(order.pk)  # buried once the table is back
+    assert queue.pending_count() == 0
+
+
+@contextmanager
+def broken_dead_letter_table():
+    """Writing a dead letter fails with a real database error: its table is away for a while."""
+    table = DeadLetter._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"RENAME TABLE {table} TO {table}_away")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"RENAME TABLE {table}_away TO {table}")

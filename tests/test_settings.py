@@ -9,7 +9,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from order_timeout import get_order_model
-from order_timeout.checks import check_redis_alias, check_use_tz
+from order_timeout.checks import check_grace, check_redis_alias, check_use_tz
 from order_timeout.conf import DEFAULTS
 from order_timeout.conf import settings as order_settings
 from order_timeout.models import Order
@@ -115,3 +115,26 @@ def test_migrations_match_the_models():
     from django.core.management import call_command
 
     call_command("makemigrations", "--check", "--dry-run", verbosity=0)
+
+
+def test_check_warns_when_the_queues_alias_has_no_socket_timeouts(settings):
+    settings.CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache",
+                                   "LOCATION": "redis://127.0.0.1:6379/9"}}
+
+    messages = check_redis_alias()
+
+    assert [m.id for m in messages] == ["order_timeout.W003"]
+    assert "'SOCKET_CONNECT_TIMEOUT': 1, 'SOCKET_TIMEOUT': 2" in messages[0].hint
+
+
+def test_check_warns_when_the_scans_grace_is_shorter_than_a_lease_and_the_retries(settings):
+    settings.ORDER_TIMEOUT = {"LEASE_SECONDS": 30, "RETRY_DELAYS": [10, 30, 60], "COMPENSATION_GRACE": 60}
+
+    messages = check_grace()
+
+    assert [m.id for m in messages] == ["order_timeout.W004"]
+    assert "130" in messages[0].hint
+
+
+def test_the_default_grace_covers_the_default_lease_and_retries():
+    assert check_grace() == []

@@ -7,14 +7,16 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection, transaction
 from django.utils import timezone
 
 from order_timeout.codec import now_score
 from order_timeout.consumer import Consumer
-from order_timeout.models import DeadLetter
+from order_timeout.models import DeadLetter, Order
 
 from .conftest import PROJECT_ROOT, both_models, database_url
 
@@ -104,7 +106,7 @@ def test_bad_threshold_is_a_command_error():
 def test_status_counts_expired_leases_as_waiting(make_order, queue, clock):
     make_order(in_seconds=-30)
     # Claimed by a consumer that died: its lease ran out a second ago.
-    queue.claim(now_score(clock()), 1, now_score(clock()) - 1000)
+    queue.claim(now_score(clock()), 1, now_score(clock()) - 1000, "a-consumer-that-died")
 
     numbers = status()
 
@@ -150,3 +152,46 @@ def test_status_counts_unpaid_orders_without_a_deadline(make_order, order_model)
     order_model.objects.filter(pk=order.pk).update(expires_at=None)
 
     assert status()["unpaid_without_deadline"] == 1
+
+
+def test_status_shows_a_row_locked_elsewhere_for_long_and_can_alert_on_it(make_order, queue, clock,
+                                                                         consumer):
+    order = make_order(in_seconds=-1)
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_row():
+        with transaction.atomic():
+            Order.objects.select_for_update().get(pk=order.pk)
+            held.set()
+            release.wait(20)
+        connection.close()
+
+    holder = threading.Thread(target=hold_the_row)
+    holder.start()
+    try:
+        assert held.wait(10)
+        worker = consumer()
+        worker.run(once=True)
+        for _ in range(3):  # every claim a second later finds it locked again
+            clock.advance(1)
+            worker.run(once=True)
+        queue.client.zadd(queue.keys.busy, {str(order.pk): now_score(timezone.now()) - 90_000}, xx=True)
+        numbers = status()
+        with pytest.raises(CommandError, match="locked elsewhere for 9") as raised:
+            status("--max-busy-age", "60")
+    finally:
+        release.set()
+        holder.join(10)
+
+    assert numbers["busy"] == 1 and numbers["oldest_busy_age_seconds"] >= 90
+    assert raised.value.returncode == 2
+
+
+def test_status_counts_orders_taken_over_from_dead_consumers(make_order, queue, clock):
+    make_order(in_seconds=-1)
+    queue.claim(now_score(clock()), 1, now_score(clock()) - 1, "a-consumer-that-died")
+    queue.claim(now_score(clock()), 1, now_score(clock()) + 30_000, "the-next-one")
+
+    assert status()["taken_over"] == 1
+    with pytest.raises(CommandError, match="1 orders taken over"):
+        status("--max-taken-over", "0")

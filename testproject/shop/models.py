@@ -1,3 +1,4 @@
+import uuid
 from decimal import Decimal
 
 from django.db import models
@@ -115,3 +116,26 @@ class PlainOrder(models.Model):
 
 class PlainOrderDeadline(AbstractTimeoutOrder):
     order = models.OneToOneField(PlainOrder, on_delete=models.CASCADE, related_name="deadline")
+
+
+# -- Order models whose keys and managers are not Django's defaults -----------------
+
+
+class UuidOrder(AbstractTimeoutOrder):
+    """A UUID primary key: its members must not depend on how the key was spelled."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+
+
+class VisibleOrders(models.Manager):
+    def get_queryset(self) -> models.QuerySet:
+        return super().get_queryset().filter(hidden=False)
+
+
+class SoftDeleteOrder(AbstractTimeoutOrder):
+    """A default manager that hides rows (soft delete, a tenant scope): the app must still see them."""
+
+    hidden = models.BooleanField(default=False)
+
+    objects = VisibleOrders()
+    every = models.Manager()

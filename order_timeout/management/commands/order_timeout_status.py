@@ -31,14 +31,17 @@ THRESHOLDS = {
                     "{value} overdue unpaid orders > --max-overdue {limit:g}"),
     "max_age": ("oldest_due_age_seconds", "oldest due member waited {value:g}s > --max-age {limit:g}"),
     "max_dead_letters": ("dead_letters", "{value} open dead letters > --max-dead-letters {limit:g}"),
+    "max_busy_age": ("oldest_busy_age_seconds",
+                     "an order's row has been locked elsewhere for {value:g}s > --max-busy-age {limit:g}"),
+    "max_taken_over": ("taken_over", "{value} orders taken over from dead consumers "
+                                     "> --max-taken-over {limit:g}"),
     "max_drift": ("drift", "{value} unpaid orders with a deadline are missing from Redis "
                            "> --max-drift {limit:g}"),
 }
 
 
 class Command(BaseCommand):
-    help = ("Print the timeout queue's backlog; exit 2 when --max-overdue, --max-age, "
-            "--max-dead-letters or --max-drift is crossed.")
+    help = ("Print the timeout queue's backlog; exit 2 when a --max-... threshold is crossed.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="One JSON object, for machines.")
@@ -50,6 +53,12 @@ class Command(BaseCommand):
                                  "many seconds to be claimed.")
         parser.add_argument("--max-dead-letters", type=non_negative, default=None,
                             help="Fail when more dead letters than this wait for staff.")
+        parser.add_argument("--max-busy-age", type=non_negative, default=None,
+                            help="Fail when an order's row has kept a consumer out (locked by "
+                                 "another transaction) for longer than this many seconds.")
+        parser.add_argument("--max-taken-over", type=non_negative, default=None,
+                            help="Fail when more orders than this were taken over from consumers "
+                                 "that died, froze or overran their lease.")
         parser.add_argument("--max-drift", type=non_negative, default=None,
                             help="Fail when more unpaid orders with a deadline than this are "
                                  "missing from Redis.")

@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from order_timeout.conf import MAX_BATCH_SIZE
 from order_timeout.consumer import Consumer
-from order_timeout.exceptions import OrderTimeoutError
+from order_timeout.exceptions import ImmediateShutdown, OrderTimeoutError
 
 VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 
@@ -77,7 +77,7 @@ class Command(BaseCommand):
             if received:
                 # Second signal: leave now. Whatever was claimed stays leased
                 # and another consumer takes it over when the lease runs out.
-                raise SystemExit(128 + signum)
+                raise ImmediateShutdown(128 + signum)
             received.append(signum)
             self.stderr.write(f"Received {signal.Signals(signum).name}; finishing the batch in hand.")
             # Not consumer.request_stop() here: the handler runs in the main

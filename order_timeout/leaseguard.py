@@ -1,0 +1,121 @@
+"""A watch over the batch in hand: keep its leases while it runs, give it up when it overruns.
+
+A live consumer renews the leases of a batch still in progress every third of
+``LEASE_SECONDS``, so nobody takes its members over while it works. A batch
+still running ``LEASE_SECONDS`` after its claim is given up: its database
+session is ended (the transaction rolls back and its row locks go, even if a
+receiver hangs in Python) and its leases are handed to the next claim at
+once, which takes the members over one at a time. A frozen consumer renews
+nothing: its leases run out, and the server's session limits end its
+transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from .dbsession import end_session
+from .exceptions import QueueUnavailable
+from .queue import TimeoutQueue
+
+logger = logging.getLogger("order_timeout")
+
+
+@dataclass
+class WatchedBatch:
+    token: str
+    members: list[str]
+    # time.monotonic() when the batch must be done
+    deadline: float
+    # the database session closing it, and the alias it belongs to
+    session: Any = None
+    using: str = "default"
+    renewed_at: float = field(default_factory=time.monotonic)
+    given_up: threading.Event = field(default_factory=threading.Event)
+
+    def expired(self) -> bool:
+        return self.given_up.is_set() or time.monotonic() >= self.deadline
+
+
+class LeaseGuard:
+    """One thread per consumer, watching one batch at a time."""
+
+    def __init__(self, queue: TimeoutQueue, lease_seconds: float,
+                 clock_ms: Callable[[], int]) -> None:
+        self.queue = queue
+        self.lease_seconds = lease_seconds
+        self.clock_ms = clock_ms
+        self._batch: WatchedBatch | None = None
+        self._lock = threading.Lock()
+        self._changed = threading.Event()
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @contextmanager
+    def watching(self, token: str, members: list[str], session: Any,
+                 using: str) -> Iterator[WatchedBatch]:
+        batch = WatchedBatch(token, members, time.monotonic() + self.lease_seconds, session, using)
+        with self._lock:
+            self._batch = batch
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="order-timeout-lease-guard",
+                                                daemon=True)
+                self._thread.start()
+        self._changed.set()
+        try:
+            yield batch
+        finally:
+            with self._lock:
+                self._batch = None
+            self._changed.set()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._changed.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        renew_every = self.lease_seconds / 3
+        while not self._closed.is_set():
+            with self._lock:
+                batch = self._batch
+            if batch is None or batch.given_up.is_set():
+                self._changed.wait()
+                self._changed.clear()
+                continue
+            now = time.monotonic()
+            if now >= batch.deadline:
+                self._give_up(batch)
+                continue
+            if now - batch.renewed_at >= renew_every:
+                self._renew(batch)
+            wake_at = min(batch.renewed_at + renew_every, batch.deadline)
+            self._changed.wait(max(0.0, wake_at - time.monotonic()))
+            self._changed.clear()
+
+    def _renew(self, batch: WatchedBatch) -> None:
+        batch.renewed_at = time.monotonic()
+        try:
+            self.queue.renew(batch.token, batch.members, self.clock_ms() + round(1000 * self.lease_seconds))
+        except QueueUnavailable as exc:
+            logger.warning("Could not renew the leases of the batch in hand: %s", exc)
+
+    def _give_up(self, batch: WatchedBatch) -> None:
+        batch.given_up.set()
+        logger.warning(
+            "Batch of %d still running after LEASE_SECONDS (%gs): giving it up; its database "
+            "session is ended and its members are taken over one at a time.",
+            len(batch.members), self.lease_seconds)
+        if batch.session is not None:
+            end_session(batch.using, batch.session)
+        try:
+            self.queue.renew(batch.token, batch.members, 0)
+        except QueueUnavailable as exc:
+            logger.warning("Could not hand over the leases of the batch given up: %s", exc)

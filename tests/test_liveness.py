@@ -1,0 +1,184 @@
+"""No order can hold back another, row locks are bounded, and the database's clock decides."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from order_timeout.consumer import Consumer
+from order_timeout.exceptions import OrderClosed
+from order_timeout.models import DeadLetter, Order
+from order_timeout.signals import order_expired
+
+from .conftest import both_models, running, wait_for
+from .helpers import count_in, expiries, state
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def receiver():
+    """Connect a test receiver to order_expired for the length of the test."""
+    connected = []
+
+    def connect(func):
+        order_expired.connect(func, weak=False)
+        connected.append(func)
+        return func
+
+    yield connect
+    for func in connected:
+        order_expired.disconnect(func)
+
+
+# -- a receiver that raises anything ------------------------------------------------
+
+
+@pytest.mark.parametrize("error", [SystemExit(1), KeyboardInterrupt(), asyncio.CancelledError(),
+                                   GeneratorExit()], ids=lambda e: type(e).__name__)
+def test_a_base_exception_in_one_receiver_of_a_batch_of_50_fails_that_order_alone(
+        consumer, make_order, receiver, settings, queue, error):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "RETRY_DELAYS": []}
+    orders = [make_order(in_seconds=-1) for _ in range(50)]
+    unlucky = orders[17]
+
+    @receiver
+    def release_stock(sender, order, **kwargs):
+        if order.pk == unlucky.pk:
+            raise error
+
+    stats = consumer(batch_size=50).run(once=True)  # the consumer lives to return
+
+    assert (stats.closed, stats.failed, stats.dead_lettered) == (49, 1, 1)
+    assert state(unlucky) == "unpaid" and count_in(Order, "closed") == 49
+    letter = DeadLetter.objects.get()
+    assert letter.order_id == str(unlucky.pk) and letter.error_type.endswith(type(error).__name__)
+    assert queue.pending_count() == 0 and queue.leased_members() == []
+
+
+@both_models
+def test_a_receiver_that_kills_its_consumer_is_dead_lettered_after_max_takeovers(
+        consumer_process, make_order, order_model, queue):
+    """Each death hands the batch on; members taken over are claimed alone, so 9 close."""
+    orders = [make_order(in_seconds=-1) for _ in range(10)]
+    killer = orders[4]
+    env = {"ORDER_TIMEOUT_LEASE_SECONDS": "1", "SHOP_EXIT_ON_ORDER": str(killer.pk)}
+
+    codes = []
+    for _ in range(8):
+        code, _, err = consumer_process("--once", "--batch-size", "10", env=env).wait(timeout=60)
+        codes.append(code)
+        if code == 0:
+            break
+        time.sleep(1.1)  # the dead consumer's leases run out
+
+    assert codes == [3, 3, 3, 3, 0], codes  # the original death, then MAX_TAKEOVERS (3) more
+    assert count_in(order_model, "closed") == 9 and state(killer) == "unpaid"
+    assert expiries(killer) == 0
+    letter = DeadLetter.objects.get()
+    assert (letter.order_id, letter.attempts) == (str(killer.pk), 4)
+    assert letter.error_type == "order_timeout.exceptions.RepeatedTakeover"
+    assert queue.pending_count() == 0 and queue.leased_members() == []
+
+
+def test_a_member_taken_over_once_is_claimed_alone(consumer, make_order, queue, clock):
+    orders = [make_order(in_seconds=-1) for _ in range(4)]
+    tainted = str(orders[0].pk)
+    queue.client.hset(queue.keys.takeovers, tainted, 1)  # its last consumer died with it
+
+    first = consumer(batch_size=10).claim(clock())
+    second = consumer(batch_size=10).claim(clock())
+
+    assert (first.members, first.takeovers) == ([tainted], 1)
+    assert sorted(second.members) == sorted(str(o.pk) for o in orders[1:])
+
+
+# -- bounded row locks -----------------------------------------------------------------
+
+
+@both_models
+def test_a_hung_receiver_releases_its_row_locks_within_the_lease_and_a_payment_gets_its_answer(
+        make_order, order_model, receiver, settings, queue):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "LEASE_SECONDS": 2}
+    order = make_order(in_seconds=-1)
+    inside, release = threading.Event(), threading.Event()
+
+    @receiver
+    def hang(sender, order, **kwargs):
+        inside.set()
+        release.wait(60)
+
+    worker = Consumer(max_wait=0.05)
+    with running(worker):
+        assert inside.wait(20)
+        # Waits for the close's row lock, which the lease bound ends.
+        paid = order_model.objects.get(pk=order.pk).mark_paid()
+        release.set()
+        wait_for(lambda: queue.pending_count() == 0 and queue.leased_members() == [], timeout=20)
+
+    assert paid is True and state(order) == "paid"
+    assert expiries(order) == 0
+    assert worker.stats.closed == 0
+
+
+# -- one clock: the database's ------------------------------------------------------------
+
+
+def test_a_consumer_whose_clock_runs_20s_fast_is_never_early(make_order, order_model, queue):
+    order = make_order(in_seconds=5)
+    fast = lambda: timezone.now() + timedelta(seconds=20)  # noqa: E731
+    worker = Consumer(now=fast)
+
+    # Before it has heard from the database it claims early, and the database refuses...
+    first = worker.run_once()
+    # ...and from that batch on it claims by the database's time: no second early claim, no spin.
+    second = worker.run_once()
+
+    assert first.members == [str(order.pk)] and worker.stats.closed == 0
+    assert second.members == [] and worker.stats.batches == 1
+    assert timedelta(seconds=-21) < worker.clock_offset <= timedelta(seconds=-20)
+    assert Consumer(now=fast).run(once=True).claimed == 0  # run() reads the database's clock first
+    assert state(order) == "unpaid"
+    assert order_model.objects.get(pk=order.pk).mark_paid() is True
+
+
+def test_a_consumer_whose_clock_runs_20s_slow_closes_by_the_databases_time(make_order):
+    order = make_order(in_seconds=-1)
+    slow = lambda: timezone.now() - timedelta(seconds=20)  # noqa: E731
+
+    stats = Consumer(now=slow).run(once=True)
+
+    assert stats.closed == 1 and state(order) == "closed"
+
+
+@pytest.fixture(params=["READ COMMITTED", "REPEATABLE READ"])
+def isolation_level(request):
+    """The test thread's transactions run at this isolation level; a fresh connection afterwards."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET SESSION TRANSACTION ISOLATION LEVEL {request.param}")
+    yield request.param
+    connection.close()
+
+
+@both_models
+def test_paying_an_order_closed_meanwhile_raises_order_closed_under_any_isolation_level(
+        make_order, order_model, isolation_level):
+    order = make_order(in_seconds=-1)
+
+    with transaction.atomic():
+        copy = order_model.objects.get(pk=order.pk)  # the shop read it first: a snapshot
+        closer = threading.Thread(target=lambda: (Consumer().run(once=True), connection.close()))
+        closer.start()
+        closer.join(30)
+        with pytest.raises(OrderClosed):
+            copy.mark_paid()
+        with pytest.raises(OrderClosed):
+            copy.extend_deadline(timezone.now() + timedelta(hours=1))
+
+    assert state(order) == "closed"

@@ -1,0 +1,239 @@
+"""The Redis copy follows committed rows: never a later deadline than the row, whatever happens."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+from hypothesis import HealthCheck, example, given, settings as hypothesis_settings, strategies as st
+
+from order_timeout.codec import deadline_score, order_member
+from order_timeout.consumer import Consumer
+from order_timeout.exceptions import OrderClosed, StaleOrderStatus
+from order_timeout.models import Order
+from order_timeout.queue import TimeoutQueue
+from testproject.shop.models import SoftDeleteOrder, UuidOrder
+
+from .helpers import expiries
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def in_minutes(minutes: float):
+    return timezone.now() + timedelta(minutes=minutes)
+
+
+class CheckoutFailed(Exception):
+    pass
+
+
+def test_a_rolled_back_save_then_a_retried_save_schedules_the_new_deadline(queue):
+    order = Order.objects.create(expires_at=in_minutes(60))
+    order.expires_at = in_minutes(5)
+
+    with pytest.raises(CheckoutFailed), transaction.atomic():
+        order.save()
+        raise CheckoutFailed
+    order.save()  # the request is retried with the same object
+
+    assert queue.score_of(str(order.pk)) == deadline_score(order.expires_at)
+    assert Order.objects.get(pk=order.pk).expires_at == order.expires_at
+
+
+def test_a_stale_copy_saved_after_extend_deadline_keeps_the_extended_deadline(queue):
+    order = Order.objects.create(expires_at=in_minutes(5))
+    stale = Order.objects.get(pk=order.pk)
+    extended = in_minutes(60)
+    Order.objects.get(pk=order.pk).extend_deadline(extended)
+
+    stale.close_reason = "note from the dashboard"
+    stale.save()
+
+    row = Order.objects.get(pk=order.pk)
+    assert (row.expires_at, row.close_reason) == (extended, "note from the dashboard")
+    assert queue.score_of(str(order.pk)) == deadline_score(extended)
+
+
+def test_a_copy_that_sets_its_own_deadline_still_wins(queue):
+    order = Order.objects.create(expires_at=in_minutes(5))
+    copy = Order.objects.get(pk=order.pk)
+    Order.objects.get(pk=order.pk).extend_deadline(in_minutes(60))
+
+    copy.expires_at = in_minutes(10)
+    copy.save()
+
+    assert Order.objects.get(pk=order.pk).expires_at == copy.expires_at
+    assert queue.score_of(str(order.pk)) == deadline_score(copy.expires_at)
+
+
+@pytest.mark.parametrize("order_model", ["shop.UuidOrder"], indirect=True)
+@pytest.mark.parametrize("spelling", [str.upper, lambda text: uuid.UUID(text).hex],
+                         ids=["upper-case", "hex"])
+def test_a_uuid_primary_key_given_as_other_text_is_scheduled_and_closed(order_model, queue, consumer,
+                                                                       spelling):
+    key = str(uuid.uuid4())
+    order = UuidOrder.objects.create(id=spelling(key), expires_at=timezone.now() - timedelta(seconds=1))
+
+    assert queue.score_of(key) == deadline_score(order.expires_at)
+    stats = consumer().run(once=True)
+
+    assert (stats.closed, stats.dropped) == (1, 0)
+    assert UuidOrder.objects.get(pk=key).status == "closed"
+    assert order_member(UuidOrder, spelling(key)) == key
+
+
+@pytest.mark.parametrize("order_model", ["shop.SoftDeleteOrder"], indirect=True)
+def test_a_default_manager_that_hides_rows_does_not_hide_them_from_the_app(order_model, queue,
+                                                                          consumer):
+    due = SoftDeleteOrder.objects.create(expires_at=timezone.now() - timedelta(seconds=1))
+    later = SoftDeleteOrder.objects.create(expires_at=in_minutes(30))
+    SoftDeleteOrder.every.filter(pk__in=[due.pk, later.pk]).update(hidden=True)
+
+    stats = consumer().run(once=True)
+
+    assert (stats.closed, stats.dropped) == (1, 0) and expiries(due) == 1
+    assert SoftDeleteOrder.every.get(pk=due.pk).status == "closed"
+    assert later.mark_paid() is True  # no DoesNotExist for a hidden row
+
+
+def test_a_stale_consumers_ack_cannot_strip_a_newer_lease(queue):
+    now = 1_000_000
+    queue.schedule({"7": now - 1})
+    stale = queue.claim(now, 10, now + 50, "stale-consumer")   # its lease runs out at +50 ms
+    newer = queue.claim(now + 60, 10, now + 30_000, "newer-consumer")  # taken over
+
+    queue.ack(stale.token, ["7"])
+    queue.reschedule(stale.token, {"7": now + 1_000})
+    queue.retry(stale.token, ["7"], now + 100, [1_000])
+
+    assert newer.members == ["7"] and newer.takeovers == 1
+    assert queue.leased_members() == ["7"]
+    assert queue.client.hget(queue.keys.owners, "7") == b"newer-consumer"
+    assert queue.client.hget(queue.keys.attempts, "7") is None
+    queue.ack(newer.token, ["7"])
+    assert queue.leased_members() == [] and queue.client.hlen(queue.keys.takeovers) == 0
+
+
+def test_a_save_with_redis_paused_returns_within_the_bound(queue, redis_client, caplog):
+    """Port open, no answer: the order commits; only SCHEDULE_TIMEOUT-sized waits, then a warning."""
+    TimeoutQueue.for_saves().client.ping()  # a pooled connection, as a busy web process has
+    saved = threading.Event()
+
+    def save():
+        Order.objects.create(expires_at=in_minutes(30))
+        saved.set()
+
+    paused_until = time.monotonic() + 4
+    redis_client.execute_command("CLIENT", "PAUSE", 4_000, "WRITE")
+    try:
+        with caplog.at_level(logging.WARNING, logger="order_timeout"):
+            request = threading.Thread(target=save)
+            request.start()
+            # Redis answers no write for 4 s; the save must be done long before that.
+            done_while_paused = saved.wait(3)
+            request.join(5)
+    finally:
+        time.sleep(max(0.0, paused_until - time.monotonic()) + 0.1)
+
+    assert done_while_paused, "the save waited for Redis"
+    assert Order.objects.count() == 1
+    assert "Could not update the timeout queue" in caplog.text and "Timeout" in caplog.text
+
+
+# -- a property: whatever the interleaving, Redis never holds a later deadline than the row ----
+
+
+OFFSETS_MINUTES = st.sampled_from([-1, 5, 30, 120])
+OPERATIONS = st.lists(st.one_of(
+    st.tuples(st.just("create"), OFFSETS_MINUTES, st.booleans()),
+    st.tuples(st.just("save"), st.integers(0, 3), OFFSETS_MINUTES, st.booleans()),
+    st.tuples(st.just("resave"), st.integers(0, 3)),
+    st.tuples(st.just("extend"), st.integers(0, 3), OFFSETS_MINUTES),
+    st.tuples(st.just("stale_save"), st.integers(0, 3)),
+    st.tuples(st.just("pay"), st.integers(0, 3)),
+    st.tuples(st.just("close"),),
+), min_size=1, max_size=14)
+
+
+class Shop:
+    """Orders as a request would hold them: a live copy, and one loaded at creation (stale)."""
+
+    def __init__(self) -> None:
+        self.live: list[Order] = []
+        self.stale: list[Order] = []
+
+    def apply(self, operation: tuple) -> None:
+        kind, *args = operation
+        try:
+            getattr(self, kind)(*args)
+        except (StaleOrderStatus, OrderClosed, CheckoutFailed, IndexError):
+            pass  # refused, rolled back, or no such order yet
+
+    def create(self, minutes: int, roll_back: bool) -> None:
+        with transaction.atomic():
+            order = Order.objects.create(expires_at=in_minutes(minutes))
+            if roll_back:
+                raise CheckoutFailed
+        self.live.append(order)
+        self.stale.append(Order.objects.get(pk=order.pk))
+
+    def save(self, index: int, minutes: int, roll_back: bool) -> None:
+        order = self.live[index]
+        order.expires_at = in_minutes(minutes)
+        with transaction.atomic():
+            order.save()
+            if roll_back:
+                raise CheckoutFailed
+
+    def resave(self, index: int) -> None:
+        self.live[index].save()
+
+    def extend(self, index: int, minutes: int) -> None:
+        Order.objects.get(pk=self.live[index].pk).extend_deadline(in_minutes(minutes))
+
+    def stale_save(self, index: int) -> None:
+        stale = self.stale[index]
+        stale.close_reason = "edited"
+        stale.save()
+
+    def pay(self, index: int) -> None:
+        Order.objects.get(pk=self.live[index].pk).mark_paid()
+
+    def close(self) -> None:
+        Consumer().run(once=True)
+
+
+def assert_redis_follows_the_rows(queue: TimeoutQueue) -> None:
+    for row in Order.objects.all():
+        member = str(row.pk)
+        where = queue.positions([member])[member]
+        if row.status == "unpaid":
+            assert where.lease_ms is not None or (
+                where.pending_ms is not None and where.pending_ms <= deadline_score(row.expires_at)
+            ), (row.pk, row.expires_at, where)
+        else:
+            assert where.pending_ms is None and where.lease_ms is None, (row.pk, row.status, where)
+
+
+@hypothesis_settings(max_examples=60, deadline=None,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(operations=OPERATIONS)
+# The interleavings the fault runs found, always among the examples:
+@example(operations=[("create", 120, False), ("save", 0, 5, True), ("resave", 0)])
+@example(operations=[("create", 5, False), ("extend", 0, 120), ("stale_save", 0)])
+@example(operations=[("create", -1, False), ("close",), ("stale_save", 0), ("pay", 0)])
+def test_redis_never_holds_a_later_deadline_than_the_row(queue, operations):
+    Order.objects.all().delete()
+    queue.client.flushdb()
+    shop = Shop()
+
+    for operation in operations:
+        shop.apply(operation)
+        assert_redis_follows_the_rows(queue)
+
