@@ -139,7 +139,7 @@ class Ours(System):
         from order_timeout.queue import TimeoutQueue
 
         queue = TimeoutQueue.from_settings()
-        queue.client.delete(queue.keys.pending)
+        queue.client.delete(*(shard.keys.pending for shard in queue.shards))
 
     def hold_far_future(self, count: int) -> None:
         from order_timeout.queue import TimeoutQueue

@@ -223,14 +223,14 @@ def claim_latency(sizes: Sizes, batch: int = 200, rounds: int = 30) -> dict[str,
     for size in sizes.claim_sizes:
         client.flushdb()
         for start in range(0, size, 10_000):
-            client.zadd(queue.keys.pending, {f"f{i}": far for i in range(start, min(size, start + 10_000))})
+            queue.schedule({f"f{i}": far for i in range(start, min(size, start + 10_000))}, only_missing=True)
         client.config_resetstat()
         timings = []
         for round_ in range(rounds):
             now = now_score(timezone.now())
             queue.schedule({f"d{round_}-{i}": now - 1 for i in range(batch)})
             began = time.perf_counter()
-            claim = queue.claim(now, batch, now + 30_000, f"bench:{round_}")
+            claim = queue.shards[0].claim(now, batch, now + 30_000, f"bench:{round_}")
             timings.append((time.perf_counter() - began) * 1000)
             queue.ack(claim.token, claim.members)
         stats = client.info("commandstats").get("cmdstat_evalsha", {})

@@ -21,9 +21,12 @@ SETTING_NAME = "ORDER_TIMEOUT"
 DEFAULTS: dict[str, Any] = {
     # Alias in CACHES of the django-redis cache whose connection holds the queue.
     "REDIS_ALIAS": "default",
-    # Prefix of every Redis key; it is also the {hash tag}, so all keys of one
-    # queue land in one Redis Cluster slot. Two shops sharing a Redis pick two.
+    # Prefix of every Redis key, and the start of each shard's {hash tag}.
+    # Two shops sharing a Redis pick two.
     "KEY_PREFIX": "order_timeout",
+    # Shards of the queue: each has its own hash tag, so a Redis Cluster spreads
+    # them over its masters. Change it with order_timeout_reshard.
+    "SHARDS": 1,
     # Seconds from creation to the payment deadline of a new order.
     "DEFAULT_TIMEOUT": 1800,
     # Most members one claim takes; bounds how long one script call holds Redis.
@@ -62,6 +65,8 @@ DEFAULTS: dict[str, Any] = {
 }
 
 MAX_BATCH_SIZE = 10_000
+# More shards than a cluster has slots' worth of masters buys nothing.
+MAX_SHARDS = 1024
 _KEY_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:-]+$")
 _MODEL_LABEL_RE = re.compile(r"^\w+\.\w+$")
 
@@ -94,6 +99,11 @@ def _positive_int(key: str, value: Any) -> None:
         raise _setting_error(key, f"must be a positive integer, got {value!r}.")
 
 
+def _shards(key: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_SHARDS:
+        raise _setting_error(key, f"must be an integer from 1 to {MAX_SHARDS}, got {value!r}.")
+
+
 def _delays(key: str, value: Any) -> None:
     if not isinstance(value, (list, tuple)) or not all(
         _is_number(delay) and delay > 0 for delay in value
@@ -121,6 +131,7 @@ def _model_label(key: str, value: Any) -> None:
 VALIDATORS: dict[str, Callable[[str, Any], None]] = {
     "REDIS_ALIAS": _non_empty_str,
     "KEY_PREFIX": _key_prefix,
+    "SHARDS": _shards,
     "DEFAULT_TIMEOUT": _positive_number,
     "BATCH_SIZE": _batch_size,
     "LEASE_SECONDS": _positive_number,

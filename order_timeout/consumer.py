@@ -33,7 +33,9 @@ from .deadletters import Failure
 from .exceptions import QueueUnavailable, RepeatedTakeover
 from .leaseguard import LeaseGuard, WatchedBatch
 from .models import TimeoutOrderMixin
-from .queue import Claim, TimeoutQueue, WakeListener
+from .queue import Claim, TimeoutQueue
+from .rota import ShardRota
+from .wakeups import WakeListener
 
 logger = logging.getLogger("order_timeout")
 
@@ -117,6 +119,8 @@ class Consumer:
         # Set to end a sleep early: by a stop, or by a new earliest deadline.
         self._wake = threading.Event()
         self._listener: WakeListener | None = None
+        self.rota = ShardRota(len(self.queue.shards))
+        self._refreshed_at = time.monotonic()
         self._guard: LeaseGuard | None = None
         self._limited_connection: Any = None
 
@@ -153,10 +157,15 @@ class Consumer:
     # -- one batch ------------------------------------------------------
 
     def claim(self, now: datetime, due_by: datetime | None = None) -> Claim:
-        """Lease the next batch due by ``due_by`` (default ``now``)."""
+        """Lease the next batch due by ``due_by`` (default ``now``), from the next shard due."""
         due_ms = now_score(min(now, due_by) if due_by else now)
-        return self.queue.claim(due_ms, self.batch_size, now_score(now) + self.lease_ms,
-                                next(self._claims))
+        shard = self.rota.next_due(due_ms)
+        if shard is None:
+            return Claim(members=[], next_score=self.rota.earliest())
+        claim = self.queue.shards[shard].claim(due_ms, self.batch_size,
+                                               now_score(now) + self.lease_ms, next(self._claims))
+        self.rota.claimed(claim)
+        return claim
 
     def process(self, claim: Claim, now: datetime) -> BatchReport:
         """Close what is due among the claimed members; ack, reschedule or retry each."""
@@ -355,18 +364,34 @@ class Consumer:
             if claim.members:
                 continue
             if once:
-                break
-            self._sleep(self._idle_wait(claim.next_score))
+                assert due_by is not None
+                if not self.rota.has_due(now_score(due_by)):
+                    break
+                continue
+            if self.rota.has_due(now_score(self.clock())) or self._refresh_due():
+                continue
+            self._sleep(self._idle_wait(self.rota.earliest()))
         return self.stats
+
+    def _refresh_due(self) -> bool:
+        """Every MAX_WAIT, learn every shard's next score (one round trip): a lost wake-up heals."""
+        if time.monotonic() - self._refreshed_at < self.max_wait:
+            return False
+        self._refreshed_at = time.monotonic()
+        try:
+            self.rota.refreshed(self.queue.next_scores())
+        except QueueUnavailable:
+            return False
+        return self.rota.has_due(now_score(self.clock()))
+
+    def _woken(self, shard: int) -> None:
+        self.rota.woke(shard)
+        self._wake.set()
 
     def _sleep(self, seconds: float) -> None:
         """Sleep until ``seconds`` pass, a new earliest deadline is scheduled, or a stop."""
         if self._listener is None:
-            try:
-                self._listener = self.queue.listen_for_wakeups(self._wake.set)
-            except QueueUnavailable:
-                logger.warning("No wake-up subscription; new early deadlines wait up to MAX_WAIT.",
-                               exc_info=True)
+            self._listener = WakeListener(self.queue, self._woken)
         self._wake.wait(seconds)
         if not self.stopping:
             self._wake.clear()

@@ -1,20 +1,38 @@
 """Every Redis key of one queue, built here and nowhere else.
 
-All keys share the ``{KEY_PREFIX}`` hash tag, so every script touches one
-Redis Cluster slot.
+A queue has ``SHARDS`` shards. Each shard's keys share one ``{hash tag}``, so
+each script touches one Redis Cluster slot, and different shards land on
+different slots (and masters): ``{prefix}`` for a queue of one shard (the
+layout of every release so far), ``{prefix:N}`` for shard N of several. The
+keys that belong to the queue as a whole (the scan's lock and bookkeeping)
+carry ``{prefix}``.
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
+
+
+def shard_of(member: str, shards: int) -> int:
+    """The shard a member lives in: a fixed function of the member (CRC-32), never of time."""
+    return zlib.crc32(member.encode()) % shards if shards > 1 else 0
 
 
 @dataclass(frozen=True)
 class QueueKeys:
+    """The keys of one shard."""
+
     prefix: str
+    shard: int = 0
+    shards: int = 1
+
+    @property
+    def tag(self) -> str:
+        return f"{{{self.prefix}}}" if self.shards == 1 else f"{{{self.prefix}:{self.shard}}}"
 
     def _key(self, name: str) -> str:
-        return f"{{{self.prefix}}}:{name}"
+        return f"{self.tag}:{name}"
 
     @property
     def pending(self) -> str:
@@ -53,15 +71,27 @@ class QueueKeys:
 
     @property
     def wake(self) -> str:
-        """Pub/sub channel: a new earliest deadline (ms), for sleeping consumers."""
+        """(Sharded) pub/sub channel: a new earliest deadline (ms) of this shard, for consumers."""
         return self._key("wake")
+
+    def all(self) -> list[str]:
+        """Every key of the shard that holds data (for resharding and tests)."""
+        return [self.pending, self.leased, self.owners, self.attempts, self.first_failure,
+                self.takeovers, self.busy]
+
+
+@dataclass(frozen=True)
+class GlobalKeys:
+    """The keys of the queue as a whole."""
+
+    prefix: str
 
     @property
     def compensation_lock(self) -> str:
         """String: the token of the compensation scan running now, if any."""
-        return self._key("compensation-lock")
+        return f"{{{self.prefix}}}:compensation-lock"
 
     @property
     def scanning(self) -> str:
         """Hash: member = order id the scan started closing, value = scans that did not finish it."""
-        return self._key("scanning")
+        return f"{{{self.prefix}}}:scanning"

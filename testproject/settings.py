@@ -84,15 +84,28 @@ CACHES = {
     }
 }
 
+# A Redis Cluster, when the tests have one (scripts/test starts it).
+if os.environ.get("REDIS_CLUSTER_URL"):
+    CACHES["cluster"] = {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": os.environ["REDIS_CLUSTER_URL"],
+        "OPTIONS": {"CONNECTION_FACTORY": "order_timeout.redis_cluster.ClusterConnectionFactory",
+                    "SOCKET_CONNECT_TIMEOUT": 1, "SOCKET_TIMEOUT": 2},
+    }
+
 ORDER_TIMEOUT = {
     "KEY_PREFIX": os.environ.get("ORDER_TIMEOUT_KEY_PREFIX", "order_timeout"),
     # Tests run the core behaviours against the app's Order and the shop's own ShopOrder.
     "ORDER_MODEL": os.environ.get("ORDER_TIMEOUT_ORDER_MODEL", "order_timeout.Order"),
 }
 # Tests that run the consumer or a Celery worker in another process tune them here.
-for _key in ("LEASE_SECONDS", "COMPENSATION_GRACE", "COMPENSATION_INTERVAL"):
+for _key in ("LEASE_SECONDS", "MAX_WAIT", "COMPENSATION_GRACE", "COMPENSATION_INTERVAL"):
     if f"ORDER_TIMEOUT_{_key}" in os.environ:
         ORDER_TIMEOUT[_key] = float(os.environ[f"ORDER_TIMEOUT_{_key}"])
+if "ORDER_TIMEOUT_SHARDS" in os.environ:
+    ORDER_TIMEOUT["SHARDS"] = int(os.environ["ORDER_TIMEOUT_SHARDS"])
+if "ORDER_TIMEOUT_REDIS_ALIAS" in os.environ:
+    ORDER_TIMEOUT["REDIS_ALIAS"] = os.environ["ORDER_TIMEOUT_REDIS_ALIAS"]
 
 # Celery: Redis as broker and result backend (CELERY_BROKER_URL overrides).
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)

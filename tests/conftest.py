@@ -44,8 +44,42 @@ def redis_client() -> Iterator[Any]:
     client.flushdb()
 
 
+# Where the queue lives: the standalone Redis, or the local Redis Cluster with
+# 16 shards spread over its 3 masters.
+REDIS_BACKENDS = ["standalone", "cluster"]
+both_redis = pytest.mark.parametrize("redis_backend", REDIS_BACKENDS, indirect=True)
+CLUSTER_SHARDS = 16
+
+
+def flush_cluster() -> None:
+    """Empty every master, as the cluster is now (a test may have failed one over)."""
+    from redis.cluster import RedisCluster
+
+    client = RedisCluster.from_url(django_settings.CACHES["cluster"]["LOCATION"])
+    try:
+        client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    finally:
+        client.close()
+
+
 @pytest.fixture
-def queue(redis_client: Any) -> TimeoutQueue:
+def redis_backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The queue on the standalone Redis (default) or on the cluster (``both_redis``)."""
+    kind = getattr(request, "param", "standalone")
+    if kind == "standalone":
+        yield kind
+        return
+    if "cluster" not in django_settings.CACHES:
+        pytest.skip("no REDIS_CLUSTER_URL: scripts/test starts a local Redis Cluster")
+    flush_cluster()
+    with override_settings(ORDER_TIMEOUT={**django_settings.ORDER_TIMEOUT, "REDIS_ALIAS": "cluster",
+                                          "SHARDS": CLUSTER_SHARDS}):
+        yield kind
+    flush_cluster()
+
+
+@pytest.fixture
+def queue(redis_client: Any, redis_backend: str) -> TimeoutQueue:
     return TimeoutQueue.from_settings()
 
 
@@ -88,7 +122,7 @@ both_models = pytest.mark.parametrize("order_model", ORDER_MODELS, indirect=True
 
 
 @pytest.fixture
-def order_model(request: pytest.FixtureRequest) -> Iterator[type[TimeoutOrderMixin]]:
+def order_model(request: pytest.FixtureRequest, redis_backend: str) -> Iterator[type[TimeoutOrderMixin]]:
     """The configured order model: ``Order`` unless a test is parametrized with ``both_models``."""
     label = getattr(request, "param", "order_timeout.Order")
     model = apps.get_model(label)
@@ -127,7 +161,9 @@ class ConsumerProcess:
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         full_env = {**os.environ, "DATABASE_URL": database_url(),
-                    "ORDER_TIMEOUT_ORDER_MODEL": order_settings.ORDER_MODEL, **(env or {})}
+                    "ORDER_TIMEOUT_ORDER_MODEL": order_settings.ORDER_MODEL,
+                    "ORDER_TIMEOUT_REDIS_ALIAS": order_settings.REDIS_ALIAS,
+                    "ORDER_TIMEOUT_SHARDS": str(order_settings.SHARDS), **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, str(PROJECT_ROOT / "manage.py"), "run_timeout_consumer", *args],
             cwd=PROJECT_ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

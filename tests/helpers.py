@@ -49,3 +49,60 @@ def lock_waits() -> int:
             cursor.execute("SELECT COUNT(*) FROM information_schema.INNODB_TRX "
                            "WHERE trx_state = 'LOCK WAIT'")
         return int(cursor.fetchone()[0])
+
+
+# -- the queue's Redis state, whatever the number of shards ------------------------------
+
+
+def score_of(queue: Any, member: str) -> int | None:
+    """The pending deadline (ms) of a member, or None."""
+    score = queue.client.zscore(queue.shard_for(member).keys.pending, member)
+    return None if score is None else int(score)
+
+
+def pending_count(queue: Any) -> int:
+    return sum(int(queue.client.zcard(shard.keys.pending)) for shard in queue.shards)
+
+
+def leased_members(queue: Any) -> list[str]:
+    return sorted(member.decode() for shard in queue.shards
+                  for member in queue.client.zrange(shard.keys.leased, 0, -1))
+
+
+def keys_for(queue: Any, member: str) -> Any:
+    """The keys of the shard ``member`` lives in."""
+    return queue.shard_for(member).keys
+
+
+def hash_size(queue: Any, name: str) -> int:
+    """Entries in one of the shards' hashes ("attempts", "takeovers", ...), all shards added."""
+    return sum(int(queue.client.hlen(getattr(shard.keys, name))) for shard in queue.shards)
+
+
+def claim_everywhere(queue: Any, due_ms: int, limit: int, lease_until_ms: int, token: str) -> list[str]:
+    """Claim up to ``limit`` due members from every shard in turn (as a test's dead consumer)."""
+    claimed: list[str] = []
+    for shard in queue.shards:
+        if len(claimed) < limit:
+            claimed += shard.claim(due_ms, limit - len(claimed), lease_until_ms, token).members
+    return claimed
+
+
+def claim_next(worker: Any, now: Any) -> Any:
+    """The consumer's next claim that takes members: it goes round the shards, some empty."""
+    claim = worker.claim(now)
+    for _ in range(len(worker.queue.shards) - 1):
+        if claim.members:
+            break
+        claim = worker.claim(now)
+    return claim
+
+
+def lose_redis_data(queue: Any) -> None:
+    """The queue's Redis restarts empty (no persistence), whichever Redis it is."""
+    from redis.cluster import RedisCluster
+
+    if isinstance(queue.client, RedisCluster):
+        queue.client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    else:
+        queue.client.flushdb()

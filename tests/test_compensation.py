@@ -19,12 +19,13 @@ from order_timeout.models import DeadLetter, Order
 from order_timeout.signals import order_expired
 from testproject.shop.models import Expiry
 
-from .conftest import PROJECT_ROOT, database_url
-from .helpers import expiries
+from .conftest import PROJECT_ROOT, both_redis, database_url
+from .helpers import expiries, hash_size, keys_for, lose_redis_data, pending_count, score_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@both_redis
 def test_pitfall_1_redis_data_loss_is_healed_by_rebuild_and_the_scan(make_order, queue, redis_client,
                                                                      settings):
     settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "COMPENSATION_CHUNK": 2}
@@ -32,13 +33,13 @@ def test_pitfall_1_redis_data_loss_is_healed_by_rebuild_and_the_scan(make_order,
     overdue = [make_order(in_seconds=-600) for _ in range(3)]
     paid = make_order(in_seconds=600)
     paid.mark_paid()
-    redis_client.flushdb()  # Redis restarted without persistence
+    lose_redis_data(queue)  # Redis restarted without persistence
 
     out = io.StringIO()
     call_command("order_timeout_compensate", "--rebuild", stdout=out)
 
-    assert {queue.score_of(str(o.pk)) for o in future} == {deadline_score(o.expires_at) for o in future}
-    assert queue.score_of(str(paid.pk)) is None
+    assert {score_of(queue, str(o.pk)) for o in future} == {deadline_score(o.expires_at) for o in future}
+    assert score_of(queue, str(paid.pk)) is None
     assert "5 unpaid orders with a future deadline examined, 5 put back into Redis" in out.getvalue()
 
     call_command("order_timeout_compensate", stdout=out)
@@ -69,6 +70,7 @@ def test_pitfall_6_order_whose_zadd_failed_is_closed_by_the_scan_after_its_grace
     assert Expiry.objects.filter(order_id=str(order.pk)).count() == 1
 
 
+@both_redis
 def test_scan_walks_overdue_orders_in_chunks_and_leaves_the_rest(make_order, queue):
     overdue = [make_order(in_seconds=-200 - i) for i in range(10)]
     recent = make_order(in_seconds=-10)  # within the grace: the consumer's job
@@ -81,7 +83,7 @@ def test_scan_walks_overdue_orders_in_chunks_and_leaves_the_rest(make_order, que
     assert Order.objects.get(pk=recent.pk).status == "unpaid"
     assert Order.objects.get(pk=future.pk).status == "unpaid"
     # Closed orders are dropped from Redis at once; the others stay scheduled.
-    assert queue.pending_count() == 2
+    assert pending_count(queue) == 2
 
 
 def test_scan_never_closes_a_paid_order(make_order):
@@ -105,7 +107,7 @@ def test_dry_run_changes_nothing(make_order, queue, redis_client):
     assert (scan.examined, scan.closed) == (1, 0)
     assert rebuild.restored == 1
     assert Order.objects.get(pk=overdue.pk).status == "unpaid"
-    assert queue.pending_count() == 0
+    assert pending_count(queue) == 0
 
 
 def test_rebuild_leaves_members_already_in_redis_alone(make_order, queue, clock):
@@ -113,14 +115,14 @@ def test_rebuild_leaves_members_already_in_redis_alone(make_order, queue, clock)
     in_flight = make_order(in_seconds=120)
     retry_at = deadline_score(clock() + timedelta(seconds=30))
     queue.schedule({str(waiting.pk): retry_at})
-    queue.client.zrem(queue.keys.pending, str(in_flight.pk))
-    queue.client.zadd(queue.keys.leased, {str(in_flight.pk): retry_at})
+    queue.client.zrem(keys_for(queue, str(in_flight.pk)).pending, str(in_flight.pk))
+    queue.client.zadd(keys_for(queue, str(in_flight.pk)).leased, {str(in_flight.pk): retry_at})
 
     result = compensate(rebuild=True)
 
     assert (result.examined, result.restored) == (2, 0)
-    assert queue.score_of(str(waiting.pk)) == retry_at
-    assert queue.score_of(str(in_flight.pk)) is None  # still leased, not pending twice
+    assert score_of(queue, str(waiting.pk)) == retry_at
+    assert score_of(queue, str(in_flight.pk)) is None  # still leased, not pending twice
 
 
 def test_rebuild_skips_overdue_orders_which_are_the_scans(make_order, queue, redis_client):
@@ -130,7 +132,7 @@ def test_rebuild_skips_overdue_orders_which_are_the_scans(make_order, queue, red
     result = compensate(rebuild=True)
 
     assert (result.examined, result.restored) == (0, 0)
-    assert queue.pending_count() == 0
+    assert pending_count(queue) == 0
 
 
 def test_scan_pages_through_orders_sharing_one_deadline(make_order, clock):
@@ -272,8 +274,8 @@ def test_scan_never_runs_the_receivers_of_an_order_in_retry_backoff(make_order, 
 
 def test_scan_closes_an_order_whose_retry_no_consumer_took_within_the_grace(make_order, queue, clock):
     order = make_order(in_seconds=-600)
-    queue.client.zadd(queue.keys.pending, {str(order.pk): now_score(clock()) - 200_000})
-    queue.client.hset(queue.keys.attempts, str(order.pk), 1)  # its retry came due 200 s ago
+    queue.client.zadd(keys_for(queue, str(order.pk)).pending, {str(order.pk): now_score(clock()) - 200_000})
+    queue.client.hset(keys_for(queue, str(order.pk)).attempts, str(order.pk), 1)  # its retry came due 200 s ago
 
     result = compensate()
 
@@ -293,10 +295,10 @@ def test_a_receiver_that_kills_the_scan_is_dead_lettered_and_the_rest_is_closed(
         codes.append(scan.returncode)
         if scan.returncode == 0:
             break
-        queue.client.delete(queue.keys.compensation_lock)  # the dead scan's lock runs out
+        queue.client.delete(queue.global_keys.compensation_lock)  # the dead scan's lock runs out
 
     assert codes == [3, 3, 3, 3, 0], codes  # the first scan, then one per allowed retry
     assert [Order.objects.get(pk=o.pk).status for o in orders].count("closed") == 5
     letter = DeadLetter.objects.get()
     assert letter.order_id == str(killer.pk) and "compensation scans died" in letter.last_error
-    assert queue.client.hlen(queue.keys.scanning) == 0
+    assert queue.client.hlen(queue.global_keys.scanning) == 0

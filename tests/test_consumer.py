@@ -20,8 +20,8 @@ from order_timeout.models import Order
 from order_timeout.signals import order_expired, orders_expired
 from testproject.shop.models import Expiry, Purchase
 
-from .conftest import Clock, both_models, running, wait_for
-from .helpers import expiries, set_state, state
+from .conftest import Clock, both_models, both_redis, running, wait_for
+from .helpers import claim_everywhere, claim_next, expiries, leased_members, pending_count, score_of, set_state, state
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,6 +41,7 @@ def receiver() -> Iterator[Callable[[Callable[..., None]], Callable[..., None]]]
         order_expired.disconnect(func)
 
 
+@both_redis
 @both_models
 def test_due_order_is_closed_with_reason_timeout_and_signal_fired_once(consumer, make_order, queue, clock):
     order = make_order(in_seconds=-1)
@@ -54,7 +55,7 @@ def test_due_order_is_closed_with_reason_timeout_and_signal_fired_once(consumer,
     assert order.expires_at <= order.closed_at <= timezone.now() + timedelta(seconds=1)
     assert expiries(order) == 1
     assert stats.closed == 1
-    assert queue.leased_members() == [] and queue.pending_count() == 0
+    assert leased_members(queue) == [] and pending_count(queue) == 0
 
 
 @both_models
@@ -65,9 +66,10 @@ def test_order_not_yet_due_is_left_alone(consumer, make_order, queue):
 
     order.refresh_from_db()
     assert state(order) == "unpaid"
-    assert queue.score_of(str(order.pk)) == deadline_score(order.expires_at)
+    assert score_of(queue, str(order.pk)) == deadline_score(order.expires_at)
 
 
+@both_redis
 @both_models
 def test_expired_order_is_closed_exactly_once_even_when_claimed_again(consumer, make_order, queue, clock):
     order = make_order(in_seconds=-1)
@@ -79,16 +81,17 @@ def test_expired_order_is_closed_exactly_once_even_when_claimed_again(consumer, 
     consumer().run(once=True)
 
     assert expiries(order) == 1
-    assert queue.pending_count() == 0 and queue.leased_members() == []
+    assert pending_count(queue) == 0 and leased_members(queue) == []
 
 
+@both_redis
 @both_models
 def test_paid_order_is_never_closed_when_paid_after_claim(consumer, make_order, order_model, queue,
                                                          clock):
     """Seed pitfall 2: the member is still in Redis, but the row says paid."""
     order = make_order(in_seconds=-1)
     worker = consumer()
-    claim = worker.claim(clock())
+    claim = claim_next(worker, clock())
     assert claim.members == [str(order.pk)]
 
     order_model.objects.get(pk=order.pk).mark_paid()
@@ -96,7 +99,7 @@ def test_paid_order_is_never_closed_when_paid_after_claim(consumer, make_order, 
 
     assert state(order) == "paid"
     assert expiries(order) == 0
-    assert queue.leased_members() == []
+    assert leased_members(queue) == []
 
 
 @both_models
@@ -109,7 +112,7 @@ def test_pitfall_2_paid_order_whose_zrem_was_lost_is_never_closed(consumer, make
 
     assert state(order) == "paid"
     assert stats.skipped_paid == 1 and expiries(order) == 0
-    assert queue.leased_members() == []
+    assert leased_members(queue) == []
 
 
 @both_models
@@ -118,7 +121,7 @@ def test_pitfall_5_extended_deadline_after_claim_is_not_closed_but_rescheduled(
     """Seed pitfall 5: the customer got more time while the member was in flight."""
     order = make_order(in_seconds=-1)
     worker = consumer()
-    claim = worker.claim(clock())
+    claim = claim_next(worker, clock())
     later = clock() + timedelta(minutes=10)
     order_model.objects.get(pk=order.pk).extend_deadline(later)
 
@@ -126,8 +129,8 @@ def test_pitfall_5_extended_deadline_after_claim_is_not_closed_but_rescheduled(
 
     order.refresh_from_db()
     assert state(order) == "unpaid"
-    assert queue.score_of(str(order.pk)) == deadline_score(later)
-    assert queue.leased_members() == []
+    assert score_of(queue, str(order.pk)) == deadline_score(later)
+    assert leased_members(queue) == []
 
 
 def test_deadline_a_hair_ahead_of_the_member_goes_back_and_does_not_spin(consumer, make_order, queue, clock):
@@ -141,7 +144,7 @@ def test_deadline_a_hair_ahead_of_the_member_goes_back_and_does_not_spin(consume
     order.refresh_from_db()
     assert order.status == Order.Status.UNPAID
     assert stats.batches == 1 and stats.rescheduled == 1
-    assert queue.score_of(str(order.pk)) == deadline_score(order.expires_at)
+    assert score_of(queue, str(order.pk)) == deadline_score(order.expires_at)
     clock.advance(0.05)
     worker.run(once=True)
     order.refresh_from_db()
@@ -166,8 +169,8 @@ def test_raising_receiver_leaves_only_its_order_open(consumer, make_order, recei
     assert expiries(orders[0]) == expiries(orders[2]) == 1
     assert stats.failed == 1
     # Back in the queue for its first retry, RETRY_DELAYS[0] = 10 s from now.
-    assert queue.leased_members() == []
-    assert queue.score_of(str(unlucky.pk)) == now_score(clock()) + 10_000
+    assert leased_members(queue) == []
+    assert score_of(queue, str(unlucky.pk)) == now_score(clock()) + 10_000
 
 
 def test_failed_order_is_retried_after_the_first_retry_delay(consumer, make_order, receiver, clock):
@@ -204,7 +207,7 @@ def test_malformed_member_is_logged_and_dropped_and_the_consumer_goes_on(consume
     assert Order.objects.get(pk=order.pk).status == "closed"
     assert stats.dropped == 2
     assert "malformed" in caplog.text
-    assert queue.pending_count() == 0 and queue.leased_members() == []
+    assert pending_count(queue) == 0 and leased_members(queue) == []
 
 
 def test_member_without_a_row_is_logged_and_dropped(consumer, queue, clock, caplog):
@@ -215,18 +218,19 @@ def test_member_without_a_row_is_logged_and_dropped(consumer, queue, clock, capl
 
     assert stats.dropped == 1
     assert "987654" in caplog.text
-    assert queue.leased_members() == []
+    assert leased_members(queue) == []
 
 
+@both_redis
 def test_pitfall_4_a_claim_takes_at_most_batch_size(consumer, make_order, queue, clock):
-    for _ in range(7):
-        make_order(in_seconds=-1)
+    orders = [make_order(in_seconds=-1) for _ in range(7)]
 
     claim = consumer(batch_size=3).claim(clock())
 
-    assert len(claim.members) == 3
-    assert queue.pending_count() == 4
-    assert len(queue.leased_members()) == 3
+    in_its_shard = [o for o in orders if queue.shard_for(str(o.pk)).index == claim.shard]
+    assert len(claim.members) == min(3, len(in_its_shard))
+    assert pending_count(queue) == 7 - len(claim.members)
+    assert len(leased_members(queue)) == len(claim.members)
 
 
 def test_idle_consumer_sleeps_until_the_next_deadline_not_max_wait(consumer, make_order, clock):
@@ -308,7 +312,7 @@ def test_a_receiver_that_breaks_the_transaction_holds_back_only_its_own_order(
 
     assert [Order.objects.get(pk=o.pk).status for o in orders] == ["closed", "unpaid", "closed"]
     assert stats.failed == 1
-    assert queue.score_of(str(unlucky.pk)) == now_score(clock()) + 10_000
+    assert score_of(queue, str(unlucky.pk)) == now_score(clock()) + 10_000
     assert expiries(orders[0]) == expiries(orders[2]) == 1
 
 
@@ -349,7 +353,7 @@ def test_reschedule_keeps_an_earlier_deadline_set_meanwhile(consumer, make_order
     queue.reschedule(claim.token, read_by_consumer)
 
     assert claim.members == [member]
-    assert queue.score_of(member) == deadline_score(sooner)
+    assert score_of(queue, member) == deadline_score(sooner)
 
 
 def test_once_stops_at_what_was_due_when_it_started(consumer, make_order, clock):
@@ -402,13 +406,13 @@ def test_payment_racing_a_close_waits_for_the_lock_and_is_refused(make_order, or
 
 
 def test_idle_consumer_does_not_busy_loop(redis_client, clock):
-    """With nothing pending it claims once per MAX_WAIT, and each claim is one Redis call."""
+    """With nothing pending it looks once per MAX_WAIT, one round trip each time."""
     worker = Consumer(max_wait=0.2)
-    before = claim_calls(redis_client)
+    before = idle_round_trips(redis_client)
     with running(worker):
         threading.Event().wait(1.0)
 
-    assert 2 <= claim_calls(redis_client) - before <= 8
+    assert 2 <= idle_round_trips(redis_client) - before <= 8
 
 
 def test_consumer_wakes_at_the_next_deadline_rather_than_after_max_wait(make_order):
@@ -417,9 +421,12 @@ def test_consumer_wakes_at_the_next_deadline_rather_than_after_max_wait(make_ord
         wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed", timeout=10)
 
 
-def claim_calls(redis_client) -> int:
+def idle_round_trips(redis_client) -> int:
+    """Claims (one script each) and refreshes (two ZRANGE reads of one shard, pipelined)."""
     stats = redis_client.info("commandstats")
-    return sum(stats.get(name, {}).get("calls", 0) for name in ("cmdstat_evalsha", "cmdstat_eval"))
+    calls = {name: stats.get(f"cmdstat_{name}", {}).get("calls", 0)
+             for name in ("evalsha", "eval", "zrange")}
+    return calls["evalsha"] + calls["eval"] + calls["zrange"] // 2
 
 
 def test_claim_of_ten_thousand_members_is_sliced_and_unique(consumer, queue, clock):
@@ -429,7 +436,7 @@ def test_claim_of_ten_thousand_members_is_sliced_and_unique(consumer, queue, clo
     claim = consumer(batch_size=10_000).claim(clock())
 
     assert len(claim.members) == len(set(claim.members)) == 10_000
-    assert queue.pending_count() == 0 and len(queue.leased_members()) == 10_000
+    assert pending_count(queue) == 0 and len(leased_members(queue)) == 10_000
 
 
 def test_consumer_rejects_a_batch_size_outside_the_bounds():
@@ -487,13 +494,13 @@ def test_a_receiver_that_marks_the_close_for_rollback_fails_that_order(consumer,
 
     assert [Order.objects.get(pk=o.pk).status for o in orders] == ["unpaid", "closed"]
     assert stats.failed == 1
-    assert queue.score_of(str(orders[0].pk)) is not None  # retried later, not acked
+    assert score_of(queue, str(orders[0].pk)) is not None  # retried later, not acked
 
 
 def test_expired_leases_are_taken_over_first_one_at_a_time_and_counted(consumer, make_order, queue,
                                                                        clock):
     stale = [make_order(in_seconds=-10) for _ in range(3)]
-    queue.claim(now_score(clock()), 3, now_score(clock()) - 1, "a-consumer-that-died")
+    claim_everywhere(queue, now_score(clock()), 3, now_score(clock()) - 1, "a-consumer-that-died")
     due = [make_order(in_seconds=-1) for _ in range(3)]
     worker = consumer(batch_size=4)
 
@@ -502,7 +509,7 @@ def test_expired_leases_are_taken_over_first_one_at_a_time_and_counted(consumer,
     assert [c.members for c in claims[:3]] == [[str(o.pk)] for o in stale]
     assert [c.takeovers for c in claims] == [1, 1, 1, 0]
     assert len(claims[3].members) == 3 and set(claims[3].members) <= {str(o.pk) for o in due}
-    assert queue.pending_count() == 0
+    assert pending_count(queue) == 0
 
 
 def test_an_order_whose_row_is_locked_elsewhere_does_not_stall_its_batch(consumer, make_order, queue,
@@ -530,17 +537,18 @@ def test_an_order_whose_row_is_locked_elsewhere_does_not_stall_its_batch(consume
 
     assert [Order.objects.get(pk=o.pk).status for o in orders] == ["closed", "unpaid", "closed"]
     assert stats.failed == 0 and stats.rescheduled == 1
-    assert queue.score_of(str(held.pk)) == now_score(clock()) + 1000
+    assert score_of(queue, str(held.pk)) == now_score(clock()) + 1000
     clock.advance(1)
     consumer().run(once=True)
     assert Order.objects.get(pk=held.pk).status == "closed"
 
 
+@both_redis
 def test_a_new_earlier_deadline_wakes_a_sleeping_consumer(make_order):
     """Nothing pending: the consumer sleeps MAX_WAIT (30 s), yet closes a 0.2 s order at once."""
     worker = Consumer(max_wait=30)
     with running(worker):
-        wait_for(lambda: worker._listener is not None, timeout=10)
+        wait_for(lambda: worker._listener is not None and worker._listener.subscribed, timeout=10)
         threading.Event().wait(0.2)  # asleep now
         order = make_order(in_seconds=0.2)
         wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed", timeout=10)
@@ -548,7 +556,7 @@ def test_a_new_earlier_deadline_wakes_a_sleeping_consumer(make_order):
 
 def test_scheduling_publishes_a_wake_up_only_for_a_new_earliest_deadline(queue, redis_client, clock):
     pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(queue.keys.wake)
+    pubsub.ssubscribe(queue.shards[0].keys.wake)
     now = now_score(clock())
 
     def messages():

@@ -19,8 +19,8 @@ from order_timeout.consumer import Consumer
 from order_timeout.models import Order
 from testproject.shop.models import Expiry
 
-from .conftest import Clock, both_models, wait_for
-from .helpers import count_in
+from .conftest import Clock, both_models, both_redis, wait_for
+from .helpers import count_in, leased_members, pending_count
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,6 +36,7 @@ def closed_count(stdout: str) -> int:
     return int(re.search(r"(\d+) closed", stdout).group(1))
 
 
+@both_redis
 @both_models
 @pytest.mark.parametrize("lease_seconds", ["30", "0.05"], ids=["lease-30s", "lease-50ms"])
 def test_pitfall_3_racing_consumers_close_every_order_exactly_once(consumer_process, queue, lease_seconds,
@@ -59,9 +60,10 @@ def test_pitfall_3_racing_consumers_close_every_order_exactly_once(consumer_proc
         # A batch given up as its commit went through closed its orders without knowing it.
         assert sum(per_process) <= 2000
     assert sum(1 for n in per_process if n) >= 2, per_process  # they really raced
-    assert queue.pending_count() == 0 and queue.leased_members() == []
+    assert pending_count(queue) == 0 and leased_members(queue) == []
 
 
+@both_redis
 @both_models
 def test_orders_of_a_consumer_killed_after_its_claim_are_closed_after_the_lease(consumer_process, queue,
                                                                                order_model):
@@ -73,17 +75,21 @@ def test_orders_of_a_consumer_killed_after_its_claim_are_closed_after_the_lease(
     victim.proc.kill()
     victim.proc.wait(10)
 
-    assert sorted(queue.leased_members()) == sorted(str(o.pk) for o in orders)
+    # Its first claim (a shard's due members, all 20 with one shard) stays leased.
+    claimed = leased_members(queue)
+    assert claimed and set(claimed) <= {str(o.pk) for o in orders}
     assert count_in(order_model, "unpaid") == 20
     assert Expiry.objects.count() == 0
     within_lease = Clock(timezone.now() + timedelta(seconds=25))
-    assert Consumer(now=within_lease, follow_database_clock=False).run(once=True).claimed == 0
+    others = Consumer(now=within_lease, follow_database_clock=False).run(once=True)
+    assert others.closed == 20 - len(claimed)
+    assert sorted(leased_members(queue)) == claimed
     after_lease = Clock(timezone.now() + timedelta(seconds=31))
     stats = Consumer(now=after_lease, follow_database_clock=False).run(once=True)
-    assert stats.closed == 20
+    assert stats.closed == len(claimed)
     assert count_in(order_model, "closed") == 20
     assert Expiry.objects.count() == 20
-    assert queue.leased_members() == []
+    assert leased_members(queue) == []
 
 
 def test_sigterm_finishes_the_batch_in_hand_and_exits_cleanly(consumer_process, queue):
@@ -96,14 +102,14 @@ def test_sigterm_finishes_the_batch_in_hand_and_exits_cleanly(consumer_process, 
 
     assert code == 0, err
     assert "finishing the batch" in err
-    assert queue.leased_members() == []
+    assert leased_members(queue) == []
     closed = set(Order.objects.filter(status=Order.Status.CLOSED).values_list("pk", flat=True))
     assert 0 < len(closed) < 200
     assert Expiry.objects.count() == len(closed)
     # Whatever was not closed is still waiting in the queue: nothing lost.
-    assert queue.pending_count() == 200 - len(closed)
+    assert pending_count(queue) == 200 - len(closed)
     assert {str(o.pk) for o in orders if o.pk not in closed} == {
-        m.decode() for m in queue.client.zrange(queue.keys.pending, 0, -1)}
+        m.decode() for shard in queue.shards for m in queue.client.zrange(shard.keys.pending, 0, -1)}
 
 
 def test_sigterm_wakes_an_idle_consumer_at_once(consumer_process):
@@ -125,7 +131,7 @@ def worker_started(worker) -> bool:
 def test_second_signal_exits_at_once(consumer_process, queue):
     due_orders(5)
     worker = consumer_process("--batch-size", "5", env={"SHOP_DELAY_SECONDS": "30"})
-    wait_for(lambda: bool(queue.leased_members()), timeout=60)
+    wait_for(lambda: bool(leased_members(queue)), timeout=60)
 
     worker.signal(signal.SIGTERM)
     wait_for(lambda: "finishing" in (worker.proc.stderr.readline() or ""), timeout=10)
@@ -135,7 +141,7 @@ def test_second_signal_exits_at_once(consumer_process, queue):
     assert code == 128 + signal.SIGTERM
     # Nothing closed, nothing lost: the claim stays leased for another consumer.
     assert Order.objects.filter(status=Order.Status.UNPAID).count() == 5
-    assert len(queue.leased_members()) == 5
+    assert len(leased_members(queue)) == 5
 
 
 def test_once_processes_everything_due_then_exits(capsys):

@@ -36,7 +36,7 @@ from order_timeout.signals import order_expired
 from testproject.shop.models import Line, OrderStatusChange, ShopOrder, StockRecord
 
 from .conftest import running, wait_for
-from .helpers import expiries, lock_waits, state
+from .helpers import expiries, keys_for, lock_waits, pending_count, score_of, state
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -111,8 +111,8 @@ def test_adopting_on_a_table_with_existing_rows_applies_cleanly_and_schedules_no
 
     assert "1 unpaid orders have no deadline; 1 got one." in out.getvalue()
     rows["old-pending"].refresh_from_db()
-    assert queue.score_of(str(rows["old-pending"].pk)) == deadline_score(rows["old-pending"].expires_at)
-    assert queue.pending_count() == 1
+    assert score_of(queue, str(rows["old-pending"].pk)) == deadline_score(rows["old-pending"].expires_at)
+    assert pending_count(queue) == 1
 
 
 # -- the shop's pipeline ----------------------------------------------------------
@@ -128,7 +128,7 @@ def test_a_new_shop_order_starts_pending_and_is_scheduled_at_the_default_timeout
 
     assert order.status == "Pending"
     assert before + timedelta(seconds=900) <= order.expires_at
-    assert queue.score_of(str(order.pk)) == deadline_score(order.expires_at)
+    assert score_of(queue, str(order.pk)) == deadline_score(order.expires_at)
 
 
 @use_shop
@@ -136,7 +136,7 @@ def test_a_new_order_in_a_settled_status_gets_no_deadline_and_is_never_scheduled
     order = ShopOrder.objects.create(number="1002", status="Paid")
 
     assert order.expires_at is None
-    assert queue.score_of(str(order.pk)) is None
+    assert score_of(queue, str(order.pk)) is None
 
 
 @use_shop
@@ -150,7 +150,7 @@ def test_moving_a_paid_order_through_the_shops_pipeline_never_raises(make_order,
     assert ShopOrder.objects.get(pk=order.pk).status == "Archived"
     assert history(order) == [("Paid", "Being processed"), ("Being processed", "Complete"),
                               ("Complete", "Archived")]
-    assert queue.score_of(str(order.pk)) is None
+    assert score_of(queue, str(order.pk)) is None
 
 
 @use_shop
@@ -163,7 +163,7 @@ def test_a_settled_order_cannot_be_moved_back_into_an_unpaid_status(make_order, 
         order.save()
 
     assert state(order) == "paid"
-    assert queue.score_of(str(order.pk)) is None
+    assert score_of(queue, str(order.pk)) is None
 
 
 @use_shop
@@ -276,7 +276,7 @@ def test_an_order_with_no_deadline_is_never_scheduled_scanned_or_closed(make_ord
     consumer().run(once=True)
     scan = compensate(now=clock() + timedelta(hours=1))
 
-    assert queue.score_of(str(order.pk)) is None
+    assert score_of(queue, str(order.pk)) is None
     assert scan.examined == 0 and state(order) == "unpaid"
     assert measure().unpaid_without_deadline == 1
 
@@ -402,7 +402,7 @@ def test_backfill_dry_run_says_what_it_would_do_and_changes_nothing(make_order, 
     assert "4 unpaid orders have no deadline; 4 would get one." in text
     assert "3 of them would be overdue at once" in text
     assert set(ShopOrder.objects.values_list("expires_at", flat=True)) == {None}
-    assert queue.pending_count() == 0
+    assert pending_count(queue) == 0
     assert old and recent
 
 
@@ -421,7 +421,7 @@ def test_backfill_from_the_shops_own_date_schedules_every_unpaid_order(make_orde
 
     future.refresh_from_db()
     assert future.expires_at == future.date_placed + timedelta(hours=1)
-    assert queue.score_of(str(future.pk)) == deadline_score(future.expires_at)
+    assert score_of(queue, str(future.pk)) == deadline_score(future.expires_at)
     assert state(overdue) == "closed" and history(overdue) == [("Pending", "Cancelled")]
     assert ShopOrder.objects.get(pk=paid.pk).expires_at is None
 
@@ -484,7 +484,7 @@ def test_a_deadlock_with_a_checkout_is_retried_at_once_not_after_the_retry_delay
     assert checkout_result == ["committed"]
     assert "Lock conflict while closing" in caplog.text
     assert worker.stats.failed == 0 and not DeadLetter.objects.exists()
-    assert queue.client.hget(queue.keys.attempts, str(order.pk)) is None
+    assert queue.client.hget(keys_for(queue, str(order.pk)).attempts, str(order.pk)) is None
     assert expiries(order) == 1 and history(order) == [("Pending", "Cancelled")]
     contested.refresh_from_db()
     assert contested.num_allocated == 1  # allocated 1, +1 by the checkout, -1 released by the close
@@ -540,7 +540,7 @@ def test_a_deadline_row_beside_an_untouchable_order_closes_it_in_the_same_commit
 
     order = PlainOrder.objects.create()
     deadline = PlainOrderDeadline.objects.create(order=order, expires_at=clock() - timedelta(seconds=1))
-    assert queue.score_of(str(deadline.pk)) == deadline_score(deadline.expires_at)
+    assert score_of(queue, str(deadline.pk)) == deadline_score(deadline.expires_at)
 
     stats = consumer().run(once=True)
 
@@ -562,4 +562,4 @@ def test_paying_through_the_deadline_row_keeps_the_untouchable_order_open(order_
     consumer().run(once=True)
 
     assert PlainOrder.objects.get(pk=order.pk).status == "paid"
-    assert queue.pending_count() == 0
+    assert pending_count(queue) == 0

@@ -17,7 +17,7 @@ from order_timeout.models import DeadLetter, Order
 from order_timeout.signals import order_expired
 
 from .conftest import both_models, running, wait_for
-from .helpers import count_in, expiries, state
+from .helpers import count_in, expiries, keys_for, leased_members, pending_count, state
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -59,7 +59,7 @@ def test_a_base_exception_in_one_receiver_of_a_batch_of_50_fails_that_order_alon
     assert state(unlucky) == "unpaid" and count_in(Order, "closed") == 49
     letter = DeadLetter.objects.get()
     assert letter.order_id == str(unlucky.pk) and letter.error_type.endswith(type(error).__name__)
-    assert queue.pending_count() == 0 and queue.leased_members() == []
+    assert pending_count(queue) == 0 and leased_members(queue) == []
 
 
 @both_models
@@ -84,13 +84,13 @@ def test_a_receiver_that_kills_its_consumer_is_dead_lettered_after_max_takeovers
     letter = DeadLetter.objects.get()
     assert (letter.order_id, letter.attempts) == (str(killer.pk), 4)
     assert letter.error_type == "order_timeout.exceptions.RepeatedTakeover"
-    assert queue.pending_count() == 0 and queue.leased_members() == []
+    assert pending_count(queue) == 0 and leased_members(queue) == []
 
 
 def test_a_member_taken_over_once_is_claimed_alone(consumer, make_order, queue, clock):
     orders = [make_order(in_seconds=-1) for _ in range(4)]
     tainted = str(orders[0].pk)
-    queue.client.hset(queue.keys.takeovers, tainted, 1)  # its last consumer died with it
+    queue.client.hset(keys_for(queue, tainted).takeovers, tainted, 1)  # its last consumer died with it
 
     first = consumer(batch_size=10).claim(clock())
     second = consumer(batch_size=10).claim(clock())
@@ -120,7 +120,7 @@ def test_a_hung_receiver_releases_its_row_locks_within_the_lease_and_a_payment_g
         # Waits for the close's row lock, which the lease bound ends.
         paid = order_model.objects.get(pk=order.pk).mark_paid()
         release.set()
-        wait_for(lambda: queue.pending_count() == 0 and queue.leased_members() == [], timeout=20)
+        wait_for(lambda: pending_count(queue) == 0 and leased_members(queue) == [], timeout=20)
 
     assert paid is True and state(order) == "paid"
     assert expiries(order) == 0

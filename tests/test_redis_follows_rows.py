@@ -20,7 +20,7 @@ from order_timeout.models import Order
 from order_timeout.queue import TimeoutQueue
 from testproject.shop.models import SoftDeleteOrder, UuidOrder
 
-from .helpers import expiries
+from .helpers import expiries, hash_size, keys_for, leased_members, score_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -42,7 +42,7 @@ def test_a_rolled_back_save_then_a_retried_save_schedules_the_new_deadline(queue
         raise CheckoutFailed
     order.save()  # the request is retried with the same object
 
-    assert queue.score_of(str(order.pk)) == deadline_score(order.expires_at)
+    assert score_of(queue, str(order.pk)) == deadline_score(order.expires_at)
     assert Order.objects.get(pk=order.pk).expires_at == order.expires_at
 
 
@@ -57,7 +57,7 @@ def test_a_stale_copy_saved_after_extend_deadline_keeps_the_extended_deadline(qu
 
     row = Order.objects.get(pk=order.pk)
     assert (row.expires_at, row.close_reason) == (extended, "note from the dashboard")
-    assert queue.score_of(str(order.pk)) == deadline_score(extended)
+    assert score_of(queue, str(order.pk)) == deadline_score(extended)
 
 
 def test_a_copy_that_sets_its_own_deadline_still_wins(queue):
@@ -69,7 +69,7 @@ def test_a_copy_that_sets_its_own_deadline_still_wins(queue):
     copy.save()
 
     assert Order.objects.get(pk=order.pk).expires_at == copy.expires_at
-    assert queue.score_of(str(order.pk)) == deadline_score(copy.expires_at)
+    assert score_of(queue, str(order.pk)) == deadline_score(copy.expires_at)
 
 
 @pytest.mark.parametrize("order_model", ["shop.UuidOrder"], indirect=True)
@@ -80,7 +80,7 @@ def test_a_uuid_primary_key_given_as_other_text_is_scheduled_and_closed(order_mo
     key = str(uuid.uuid4())
     order = UuidOrder.objects.create(id=spelling(key), expires_at=timezone.now() - timedelta(seconds=1))
 
-    assert queue.score_of(key) == deadline_score(order.expires_at)
+    assert score_of(queue, key) == deadline_score(order.expires_at)
     stats = consumer().run(once=True)
 
     assert (stats.closed, stats.dropped) == (1, 0)
@@ -105,19 +105,20 @@ def test_a_default_manager_that_hides_rows_does_not_hide_them_from_the_app(order
 def test_a_stale_consumers_ack_cannot_strip_a_newer_lease(queue):
     now = 1_000_000
     queue.schedule({"7": now - 1})
-    stale = queue.claim(now, 10, now + 50, "stale-consumer")   # its lease runs out at +50 ms
-    newer = queue.claim(now + 60, 10, now + 30_000, "newer-consumer")  # taken over
+    shard = queue.shard_for("7")
+    stale = shard.claim(now, 10, now + 50, "stale-consumer")   # its lease runs out at +50 ms
+    newer = shard.claim(now + 60, 10, now + 30_000, "newer-consumer")  # taken over
 
     queue.ack(stale.token, ["7"])
     queue.reschedule(stale.token, {"7": now + 1_000})
     queue.retry(stale.token, ["7"], now + 100, [1_000])
 
     assert newer.members == ["7"] and newer.takeovers == 1
-    assert queue.leased_members() == ["7"]
-    assert queue.client.hget(queue.keys.owners, "7") == b"newer-consumer"
-    assert queue.client.hget(queue.keys.attempts, "7") is None
+    assert leased_members(queue) == ["7"]
+    assert queue.client.hget(keys_for(queue, "7").owners, "7") == b"newer-consumer"
+    assert queue.client.hget(keys_for(queue, "7").attempts, "7") is None
     queue.ack(newer.token, ["7"])
-    assert queue.leased_members() == [] and queue.client.hlen(queue.keys.takeovers) == 0
+    assert leased_members(queue) == [] and hash_size(queue, "takeovers") == 0
 
 
 def test_a_save_with_redis_paused_returns_within_the_bound(queue, redis_client, caplog):

@@ -17,6 +17,8 @@ from order_timeout.models import DeadLetter, Order
 from order_timeout.signals import order_expired
 from testproject.shop.models import Expiry
 
+from .helpers import hash_size, keys_for, leased_members, pending_count, score_of
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CHANGELIST = "admin:order_timeout_deadletter_changelist"
@@ -88,7 +90,7 @@ def test_receiver_that_keeps_raising_is_retried_at_each_delay_then_dead_lettered
     retry_scores = []
     worker.run(once=True)
     for delay in (1, 2, 4):
-        retry_scores.append(queue.score_of(member) - now_score(clock()))
+        retry_scores.append(score_of(queue, member) - now_score(clock()))
         clock.advance(delay - 0.001)
         worker.run(once=True)  # not yet: the retry waits its delay
         assert len(failing_receiver.calls) == 1 + len(retry_scores) - 1
@@ -105,8 +107,8 @@ def test_receiver_that_keeps_raising_is_retried_at_each_delay_then_dead_lettered
     assert not letter.is_resolved
     assert Order.objects.get(pk=order.pk).status == Order.Status.UNPAID
     # It left Redis: nothing pending, leased or counted.
-    assert queue.pending_count() == 0 and queue.leased_members() == []
-    assert queue.client.hlen(queue.keys.attempts) == 0
+    assert pending_count(queue) == 0 and leased_members(queue) == []
+    assert hash_size(queue, "attempts") == 0
     assert worker.stats.dead_lettered == 1
 
 
@@ -121,8 +123,8 @@ def test_retry_state_survives_a_consumer_restart(short_retries, failing_receiver
     clock.advance(2)
     consumer().run(once=True)  # a third consumer: attempt 3, so the next delay is 4 s
 
-    assert queue.score_of(str(order.pk)) == now_score(clock()) + 4000
-    assert int(queue.client.hget(queue.keys.attempts, str(order.pk))) == 3
+    assert score_of(queue, str(order.pk)) == now_score(clock()) + 4000
+    assert int(queue.client.hget(keys_for(queue, str(order.pk)).attempts, str(order.pk))) == 3
 
 
 def test_successful_retry_clears_the_retry_state(order_in_backoff, consumer, queue, clock):
@@ -130,7 +132,7 @@ def test_successful_retry_clears_the_retry_state(order_in_backoff, consumer, que
     consumer().run(once=True)
 
     assert Order.objects.get(pk=order_in_backoff.pk).status == Order.Status.CLOSED
-    assert queue.client.hlen(queue.keys.attempts) == 0
+    assert hash_size(queue, "attempts") == 0
     assert not DeadLetter.objects.exists()
 
 
@@ -140,7 +142,7 @@ def test_order_paid_during_its_backoff_is_never_closed(order_in_backoff, consume
     consumer().run(once=True)
 
     assert Order.objects.get(pk=order_in_backoff.pk).status == Order.Status.PAID
-    assert queue.pending_count() == 0 and queue.client.hlen(queue.keys.attempts) == 0
+    assert pending_count(queue) == 0 and hash_size(queue, "attempts") == 0
 
 
 def staff(username, *permissions):
@@ -183,7 +185,7 @@ def test_requeue_needs_the_permission(dead_letter, queue, client):
     assert 'value="requeue"' not in changelist.text
     letter.refresh_from_db()
     assert not letter.is_resolved
-    assert queue.pending_count() == 0
+    assert pending_count(queue) == 0
 
 
 def test_close_now_closes_the_order_through_the_consumers_path(dead_letter, client):
@@ -220,7 +222,7 @@ def test_requeue_never_schedules_an_order_paid_meanwhile(dead_letter, queue, cli
 
     post_action(client, "requeue", letter)
 
-    assert queue.pending_count() == 0
+    assert pending_count(queue) == 0
     assert Order.objects.get(pk=order.pk).status == Order.Status.PAID
 
 
@@ -281,11 +283,11 @@ def test_each_batch_and_each_failure_is_logged_in_one_line(short_retries, failin
 
 def test_saving_an_order_during_its_backoff_keeps_the_retry_time(order_in_backoff, queue):
     member = str(order_in_backoff.pk)
-    retry_at = queue.score_of(member)
+    retry_at = score_of(queue, member)
 
     Order.objects.get(pk=order_in_backoff.pk).save()
 
-    assert queue.score_of(member) == retry_at
+    assert score_of(queue, member) == retry_at
 
 
 def test_close_now_of_an_extended_order_with_redis_down_reports_it_instead_of_a_500(
@@ -318,12 +320,12 @@ def test_a_dead_letter_that_cannot_be_written_goes_back_on_the_queue_a_last_dela
         worker.run(once=True)  # the last try fails, and so does writing its dead letter
 
     assert "Could not write 1 dead letter(s)" in caplog.text
-    assert queue.score_of(str(order.pk)) == now_score(clock()) + 4000  # not a loop: 4 s on
-    assert queue.leased_members() == [] and not DeadLetter.objects.exists()
+    assert score_of(queue, str(order.pk)) == now_score(clock()) + 4000  # not a loop: 4 s on
+    assert leased_members(queue) == [] and not DeadLetter.objects.exists()
     clock.advance(4)
     worker.run(once=True)
     assert DeadLetter.objects.get().order_id == str(order.pk)  # buried once the table is back
-    assert queue.pending_count() == 0
+    assert pending_count(queue) == 0
 
 
 @contextmanager

@@ -14,17 +14,18 @@ from order_timeout.codec import deadline_score
 from order_timeout.exceptions import OrderClosed, StaleOrderStatus
 from order_timeout.models import Order
 
-from .conftest import both_models
-from .helpers import set_state, state
+from .conftest import both_models, both_redis
+from .helpers import pending_count, score_of, set_state, state
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@both_redis
 @both_models
 def test_created_order_is_scheduled_at_its_deadline_in_ms(queue, make_order):
     order = make_order(in_seconds=600)
 
-    assert queue.score_of(str(order.pk)) == deadline_score(order.expires_at)
+    assert score_of(queue, str(order.pk)) == deadline_score(order.expires_at)
 
 
 def test_order_created_without_arguments_expires_after_default_timeout(queue, settings):
@@ -35,7 +36,7 @@ def test_order_created_without_arguments_expires_after_default_timeout(queue, se
 
     assert order.status == Order.Status.UNPAID
     assert before + timedelta(seconds=900) <= order.expires_at <= timezone.now() + timedelta(seconds=900)
-    assert queue.score_of(str(order.pk)) == deadline_score(order.expires_at)
+    assert score_of(queue, str(order.pk)) == deadline_score(order.expires_at)
 
 
 def test_score_is_rounded_up_so_a_member_is_never_due_before_its_row():
@@ -44,13 +45,14 @@ def test_score_is_rounded_up_so_a_member_is_never_due_before_its_row():
     assert deadline_score(deadline) == int(deadline.timestamp() * 1000) + 1
 
 
+@both_redis
 @both_models
 def test_paid_order_leaves_the_queue(queue, make_order):
     order = make_order(in_seconds=600)
 
     assert order.mark_paid() is True
 
-    assert queue.score_of(str(order.pk)) is None
+    assert score_of(queue, str(order.pk)) is None
     assert state(order) == "paid"
 
 
@@ -78,7 +80,7 @@ def test_saving_a_paid_status_also_leaves_the_queue(queue, make_order):
     order.status = Order.Status.PAID
     order.save()
 
-    assert queue.score_of(str(order.pk)) is None
+    assert score_of(queue, str(order.pk)) is None
 
 
 def test_rolled_back_order_never_reaches_redis(queue, redis_client):
@@ -92,9 +94,9 @@ def test_rolled_back_order_never_reaches_redis(queue, redis_client):
 def test_order_is_scheduled_only_when_the_transaction_commits(queue):
     with transaction.atomic():
         order = Order.objects.create()
-        assert queue.score_of(str(order.pk)) is None
+        assert score_of(queue, str(order.pk)) is None
 
-    assert queue.score_of(str(order.pk)) is not None
+    assert score_of(queue, str(order.pk)) is not None
 
 
 @both_models
@@ -104,28 +106,28 @@ def test_extended_deadline_moves_the_score(queue, make_order):
 
     assert order.extend_deadline(later) is True
 
-    assert queue.score_of(str(order.pk)) == deadline_score(later)
+    assert score_of(queue, str(order.pk)) == deadline_score(later)
 
 
 def test_saving_fields_unrelated_to_the_deadline_does_not_touch_redis(queue, make_order, redis_client):
     order = make_order(in_seconds=60)
-    redis_client.delete(queue.keys.pending)
+    redis_client.delete(*(shard.keys.pending for shard in queue.shards))
 
     order.close_reason = "note"
     order.save(update_fields=["close_reason"])
 
-    assert queue.score_of(str(order.pk)) is None
+    assert score_of(queue, str(order.pk)) is None
 
 
 def test_bulk_created_orders_are_scheduled_by_schedule(queue):
     deadline = timezone.now() + timedelta(minutes=5)
     orders = Order.objects.bulk_create([Order(expires_at=deadline) for _ in range(50)])
-    assert queue.pending_count() == 0
+    assert pending_count(queue) == 0
 
     schedule(orders)
 
-    assert queue.pending_count() == 50
-    assert {queue.score_of(str(o.pk)) for o in orders} == {deadline_score(deadline)}
+    assert pending_count(queue) == 50
+    assert {score_of(queue, str(o.pk)) for o in orders} == {deadline_score(deadline)}
 
 
 def test_queryset_update_to_paid_is_followed_by_unschedule(queue, make_order):
@@ -134,16 +136,29 @@ def test_queryset_update_to_paid_is_followed_by_unschedule(queue, make_order):
 
     unschedule(orders)
 
-    assert queue.pending_count() == 0
+    assert pending_count(queue) == 0
 
 
+@both_redis
 def test_schedule_takes_orders_that_are_no_longer_unpaid_off_the_queue(queue, make_order):
     order = make_order(in_seconds=60)
     Order.objects.filter(pk=order.pk).update(status=Order.Status.PAID)
 
     schedule(Order.objects.filter(pk=order.pk))
 
-    assert queue.score_of(str(order.pk)) is None
+    assert score_of(queue, str(order.pk)) is None
+
+
+@both_redis
+def test_schedule_of_a_mixed_list_adds_the_unpaid_and_drops_the_rest(queue, make_order, order_model):
+    unpaid = [make_order(in_seconds=60) for _ in range(20)]
+    paid = [make_order(in_seconds=60) for _ in range(20)]
+    order_model.objects.filter(pk__in=[o.pk for o in paid]).update(status=order_model.Status.PAID)
+
+    schedule(order_model.objects.filter(pk__in=[o.pk for o in [*unpaid, *paid]]))
+
+    assert pending_count(queue) == 20
+    assert all(score_of(queue, str(o.pk)) is None for o in paid)
 
 
 def test_deleted_order_leaves_the_queue(queue, make_order):
@@ -152,7 +167,7 @@ def test_deleted_order_leaves_the_queue(queue, make_order):
 
     order.delete()
 
-    assert queue.score_of(member) is None
+    assert score_of(queue, member) is None
 
 
 def test_order_is_saved_and_a_warning_logged_when_redis_is_down(private_redis, caplog):
@@ -186,7 +201,7 @@ def test_stale_copy_cannot_unpay_a_paid_order(make_order, queue):
         stale.save()
 
     assert Order.objects.get(pk=stale.pk).status == Order.Status.PAID
-    assert queue.score_of(str(stale.pk)) is None
+    assert score_of(queue, str(stale.pk)) is None
 
 
 def test_saving_other_fields_of_a_closed_order_is_allowed(make_order):

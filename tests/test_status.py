@@ -18,7 +18,9 @@ from order_timeout.codec import now_score
 from order_timeout.consumer import Consumer
 from order_timeout.models import DeadLetter, Order
 
-from .conftest import PROJECT_ROOT, both_models, database_url
+from .conftest import PROJECT_ROOT, both_models, both_redis, database_url
+
+from .helpers import claim_everywhere, claim_next, keys_for, score_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,7 +32,7 @@ def backlog(make_order, clock):
         make_order(in_seconds=seconds)
     for seconds in (60, 120, 180):
         make_order(in_seconds=seconds)
-    Consumer(now=clock, batch_size=1).claim(clock())
+    claim_next(Consumer(now=clock, batch_size=1), clock())
     now = timezone.now()
     for resolved_at in (None, now):
         DeadLetter.objects.create(order_model="order_timeout.Order", order_id="1", attempts=4,
@@ -44,6 +46,7 @@ def status(*args):
     return json.loads(out.getvalue())
 
 
+@both_redis
 def test_status_reports_the_backlog(backlog):
     numbers = status()
 
@@ -106,7 +109,7 @@ def test_bad_threshold_is_a_command_error():
 def test_status_counts_expired_leases_as_waiting(make_order, queue, clock):
     make_order(in_seconds=-30)
     # Claimed by a consumer that died: its lease ran out a second ago.
-    queue.claim(now_score(clock()), 1, now_score(clock()) - 1000, "a-consumer-that-died")
+    claim_everywhere(queue, now_score(clock()), 1, now_score(clock()) - 1000, "a-consumer-that-died")
 
     numbers = status()
 
@@ -131,7 +134,7 @@ def test_status_counts_unpaid_orders_missing_from_redis_as_drift(make_order, que
     numbers = status()
 
     assert numbers["drift"] == 3
-    assert numbers["pending"] == 1 and queue.score_of(str(kept.pk)) is not None
+    assert numbers["pending"] == 1 and score_of(queue, str(kept.pk)) is not None
 
 
 def test_crossed_drift_threshold_exits_2_and_no_drift_skips_the_count(make_order, queue):
@@ -175,7 +178,7 @@ def test_status_shows_a_row_locked_elsewhere_for_long_and_can_alert_on_it(make_o
         for _ in range(3):  # every claim a second later finds it locked again
             clock.advance(1)
             worker.run(once=True)
-        queue.client.zadd(queue.keys.busy, {str(order.pk): now_score(timezone.now()) - 90_000}, xx=True)
+        queue.client.zadd(keys_for(queue, str(order.pk)).busy, {str(order.pk): now_score(timezone.now()) - 90_000}, xx=True)
         numbers = status()
         with pytest.raises(CommandError, match="locked elsewhere for 9") as raised:
             status("--max-busy-age", "60")
@@ -189,8 +192,8 @@ def test_status_shows_a_row_locked_elsewhere_for_long_and_can_alert_on_it(make_o
 
 def test_status_counts_orders_taken_over_from_dead_consumers(make_order, queue, clock):
     make_order(in_seconds=-1)
-    queue.claim(now_score(clock()), 1, now_score(clock()) - 1, "a-consumer-that-died")
-    queue.claim(now_score(clock()), 1, now_score(clock()) + 30_000, "the-next-one")
+    claim_everywhere(queue, now_score(clock()), 1, now_score(clock()) - 1, "a-consumer-that-died")
+    claim_everywhere(queue, now_score(clock()), 1, now_score(clock()) + 30_000, "the-next-one")
 
     assert status()["taken_over"] == 1
     with pytest.raises(CommandError, match="1 orders taken over"):

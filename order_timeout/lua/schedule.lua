@@ -3,7 +3,9 @@
   consumers when one of them became the earliest deadline of all.
 
   KEYS[1] pending  sorted set: member = order id, score = deadline (ms)
-  KEYS[2] wake     pub/sub channel the consumers listen on
+  KEYS[2] wake     pub/sub channel the consumers listen on: sharded pub/sub
+                   (SPUBLISH, same slot as the keys) on Redis 7 and later,
+                   plain PUBLISH before
   ARGV    score1, member1, score2, member2, ...
 
   A consumer with nothing due sleeps until the earliest deadline it knows of;
@@ -24,6 +26,10 @@ end
 
 local head = rcall('ZRANGE', pending, 0, 0, 'WITHSCORES')
 if earliest and #head > 0 and tonumber(head[2]) >= earliest then
-  rcall('PUBLISH', wake, head[2])
+  if redis.REDIS_VERSION_NUM and redis.REDIS_VERSION_NUM >= 0x070000 then
+    rcall('SPUBLISH', wake, head[2])
+  else
+    rcall('PUBLISH', wake, head[2])
+  end
 end
 return added

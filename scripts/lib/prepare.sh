@@ -38,6 +38,35 @@ if ! redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
   for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
 fi
 
+# A local Redis Cluster of 3 masters and 3 replicas on loopback, for the
+# tests that run against a cluster (REDIS_CLUSTER_URL). Fresh on every start:
+# its nodes keep no data the tests need.
+CLUSTER_PORTS=${CLUSTER_PORTS:-"7101 7102 7103 7104 7105 7106"}
+CLUSTER_DIR=${CLUSTER_DIR:-/tmp/order-timeout-cluster}
+first_port=${CLUSTER_PORTS%% *}
+if [ "${START_CLUSTER:-1}" = 1 ] && \
+   ! redis-cli -p "$first_port" cluster info 2>/dev/null | grep -q "cluster_state:ok"; then
+  step "starting a Redis Cluster on 127.0.0.1:${CLUSTER_PORTS// /,}"
+  for port in $CLUSTER_PORTS; do
+    redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+  done
+  rm -rf "$CLUSTER_DIR"
+  for port in $CLUSTER_PORTS; do
+    mkdir -p "$CLUSTER_DIR/$port"
+    redis-server --daemonize yes --port "$port" --bind 127.0.0.1 --dir "$CLUSTER_DIR/$port" \
+      --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
+      --save '' --appendonly no --logfile "$CLUSTER_DIR/$port/redis.log" >/dev/null
+  done
+  for port in $CLUSTER_PORTS; do
+    for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  done
+  redis-cli --cluster create $(for port in $CLUSTER_PORTS; do printf '127.0.0.1:%s ' "$port"; done) \
+    --cluster-replicas 1 --cluster-yes >/dev/null
+  for _ in $(seq 100); do
+    redis-cli -p "$first_port" cluster info | grep -q "cluster_state:ok" && break; sleep 0.1
+  done
+fi
+
 stamp="$VENV/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)-${EXTRAS//,/-}-${DJANGO:-any}"
 if [ ! -f "$stamp" ]; then
   step "installing the project into $VENV ($("$PYTHON" --version))"

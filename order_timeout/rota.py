@@ -1,0 +1,62 @@
+"""Which shard a consumer claims from next, and when each shard next has something due.
+
+A consumer starts at a random shard and goes round, so many consumers spread
+over the shards. It remembers each shard's next score (from its last claim,
+a wake-up, or a refresh every ``MAX_WAIT``), so an idle consumer asks only
+the shards that are due or woke it.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+
+from .queue import Claim
+
+# A shard whose next score is not known yet: ask it.
+UNKNOWN = 0
+
+
+class ShardRota:
+    def __init__(self, shards: int, start: int | None = None) -> None:
+        self.count = shards
+        # Per shard: the earliest score it holds (ms), UNKNOWN, or None when it is empty.
+        self._next: list[int | None] = [UNKNOWN] * shards
+        self._cursor = random.randrange(shards) if start is None else start
+        self._lock = threading.Lock()
+
+    def next_due(self, due_ms: int) -> int | None:
+        """The next shard, going round, with something due by ``due_ms``; None if none has."""
+        with self._lock:
+            for step in range(self.count):
+                index = (self._cursor + step) % self.count
+                score = self._next[index]
+                if score is not None and score <= due_ms:
+                    self._cursor = (index + 1) % self.count
+                    return index
+        return None
+
+    def has_due(self, due_ms: int) -> bool:
+        with self._lock:
+            return any(score is not None and score <= due_ms for score in self._next)
+
+    def claimed(self, claim: Claim) -> None:
+        with self._lock:
+            # After a claim that took members, more may be due at once.
+            self._next[claim.shard] = UNKNOWN if claim.members else claim.next_score
+
+    def woke(self, shard: int) -> None:
+        """A new earliest deadline was scheduled on ``shard``."""
+        with self._lock:
+            self._next[shard] = UNKNOWN
+
+    def refreshed(self, scores: dict[int, int | None]) -> None:
+        with self._lock:
+            for index, score in scores.items():
+                self._next[index] = score
+
+    def earliest(self) -> int | None:
+        """The earliest next score over every shard (None when all are empty)."""
+        with self._lock:
+            known = [score for score in self._next if score is not None]
+        return min(known) if known else None
