@@ -114,7 +114,10 @@ def main(argv: list[str]) -> int:
             "label": system.label, "closers": system.closers, "memory": system.memory, "idle": idle,
             "steady": workloads.results(steady, system), "burst": workloads.results(burst, system),
         }
-        shutil.rmtree(record_dir, ignore_errors=True)
+        if os.environ.get("BENCH_KEEP_LOGS") == "1":
+            print(f"  closers' logs kept in {record_dir}", flush=True)
+        else:
+            shutil.rmtree(record_dir, ignore_errors=True)
 
     workloads.reset()
     data["elapsed_s"] = round(time.monotonic() - began, 1)

@@ -124,7 +124,9 @@ class Ours(System):
     batch = "500"
 
     def commands(self) -> list[list[str]]:
-        return [[sys.executable, "manage.py", "run_timeout_consumer", "-v", "0",
+        # BENCH_CONSUMER_VERBOSITY=1 logs every batch (with its time) to the closers' stderr files.
+        verbosity = os.environ.get("BENCH_CONSUMER_VERBOSITY", "0")
+        return [[sys.executable, "manage.py", "run_timeout_consumer", "-v", verbosity,
                  "--batch-size", self.batch] for _ in range(self.processes)]
 
     def enqueue(self, orders: Sequence[Order]) -> None:

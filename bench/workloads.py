@@ -96,6 +96,8 @@ class Phase:
     redis_commands: int = 0
     finished: bool = False
     slowest_script_us: int | None = None
+    # The slowest script calls: (time, µs, script name or sha), for finding a tail's cause.
+    slow_scripts: list[tuple[float, int, str]] = field(default_factory=list)
     waited_s: float = 0.0
 
 
@@ -166,11 +168,24 @@ def timed(system: System, kind: str, offsets: list[float], sizes: Sizes) -> Phas
     counters.own_queries += polls
     phase.db_queries, phase.redis_commands = counters.stop()
     phase.waited_s = (timezone.now() - start).total_seconds()
-    scripts = [entry["duration"] for entry in client.slowlog_get(100_000)
+    names = script_names()
+    scripts = [(entry["start_time"], entry["duration"],
+                names.get(entry["command"].split(b" ")[1].decode(), "eval"))
+               for entry in client.slowlog_get(100_000)
                if entry["command"].split(b" ")[0].lower() in (b"evalsha", b"eval")]
-    phase.slowest_script_us = max(scripts) if scripts else None
+    phase.slowest_script_us = max(duration for _, duration, _ in scripts) if scripts else None
+    phase.slow_scripts = sorted(scripts, key=lambda entry: -entry[1])[:10]
     client.config_set("slowlog-max-len", 128)
     return phase
+
+
+def script_names() -> dict[str, str]:
+    """SHA1 -> name of this project's scripts, to name the slow ones."""
+    import hashlib
+
+    from order_timeout.queue import SCRIPT_NAMES, load_script_source
+
+    return {hashlib.sha1(load_script_source(name).encode()).hexdigest(): name for name in SCRIPT_NAMES}
 
 
 def steady_offsets(sizes: Sizes) -> list[float]:
@@ -206,12 +221,22 @@ def results(phase: Phase, system: System) -> dict[str, Any]:
         "db_queries_per_close": phase.db_queries / closed if closed else None,
         "redis_commands_per_close": phase.redis_commands / closed if closed else None,
         "slowest_script_ms": phase.slowest_script_us / 1000 if phase.slowest_script_us else None,
+        "slow_scripts": [{"at": at, "us": us, "script": name} for at, us, name in phase.slow_scripts],
+        "late_outliers": _outliers(commits, phase),
         "db_queries": phase.db_queries,
         "redis_commands": phase.redis_commands,
         "production_s": phase.production_s,
         "production_overran_s": phase.production_overran_s,
         "watched_s": phase.waited_s,
     }
+
+
+def _outliers(commits: dict[int, list[float]], phase: Phase, count: int = 10) -> list[dict[str, Any]]:
+    """The latest closes: deadline, commit time and lateness, to line up with slow scripts and logs."""
+    late = sorted(((min(times) - phase.expires[pk].timestamp(), pk, min(times))
+                   for pk, times in commits.items()), reverse=True)[:count]
+    return [{"pk": pk, "deadline": phase.expires[pk].timestamp(), "committed": at,
+             "late_ms": round(lateness * 1000, 1)} for lateness, pk, at in late]
 
 
 def claim_latency(sizes: Sizes, batch: int = 200, rounds: int = 30) -> dict[str, Any]:

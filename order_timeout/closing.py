@@ -90,8 +90,20 @@ def close_expired(
     using = router.db_for_write(model)
     connection = connections[using]
     stopping = should_stop or (lambda: False)
+
+    def attempt(pks: Sequence[Any]) -> CloseOutcome:
+        """The fast path; if a receiver refused, the whole batch again, each order in a savepoint."""
+        try:
+            return _retrying_lock_conflicts(connection, lambda: _close_batch(model, pks, using),
+                                            stopping)
+        except _CloseCarefully as refusal:
+            if stopping():
+                raise _Stopped from refusal
+            return _retrying_lock_conflicts(
+                connection, lambda: _close_batch(model, pks, using, refused=refusal.refused), stopping)
+
     try:
-        return _retrying_lock_conflicts(connection, lambda: _close_batch(model, pks, using), stopping)
+        return attempt(pks)
     except _StillConflicting:
         return CloseOutcome(busy=list(pks))
     except _Stopped:
@@ -117,8 +129,7 @@ def close_expired(
             outcome.abandoned += pks[index:]
             break
         try:
-            outcome.merge(_retrying_lock_conflicts(
-                connection, lambda pk=pk: _close_batch(model, [pk], using), stopping))
+            outcome.merge(attempt([pk]))
         except _StillConflicting:
             outcome.busy.append(pk)
         except _Stopped:
@@ -137,6 +148,14 @@ class _StillConflicting(Exception):
 
 class _Stopped(Exception):
     """The caller asked to stop before a retry."""
+
+
+class _CloseCarefully(Exception):
+    """A receiver refused in the fast path: the batch is rolled back, to be closed with savepoints."""
+
+    def __init__(self, refused: dict[Any, BaseException]) -> None:
+        super().__init__(refused)
+        self.refused = refused
 
 
 def _retrying_lock_conflicts(connection: BaseDatabaseWrapper, close: Callable[[], CloseOutcome],
@@ -176,7 +195,8 @@ def _database_answers(connection: BaseDatabaseWrapper) -> bool:
         return False
 
 
-def _close_batch(model: type[TimeoutOrderMixin], pks: Sequence[Any], using: str) -> CloseOutcome:
+def _close_batch(model: type[TimeoutOrderMixin], pks: Sequence[Any], using: str,
+                 refused: dict[Any, BaseException] | None = None) -> CloseOutcome:
     """One transaction: lock, re-check and close ``pks``.
 
     One transaction locks all rows (``select_for_update``), so a payment
@@ -185,10 +205,14 @@ def _close_batch(model: type[TimeoutOrderMixin], pks: Sequence[Any], using: str)
     closing twice impossible.
 
     The due orders are closed with one UPDATE and their ``order_expired``
-    receivers run inside one savepoint. Only if a receiver raises is that
-    savepoint rolled back and the batch closed again order by order, each in
-    its own savepoint, so the order whose receiver raises stays open alone.
-    A lock conflict is raised instead: the whole transaction is tried again.
+    receivers run in the same transaction, with no savepoint: five
+    statements for the batch (autocommit off, the locking SELECT, the UPDATE,
+    COMMIT, autocommit on). If a receiver refuses, the whole transaction is
+    rolled back and run again with ``refused``: the order that refused fails
+    (its receivers are not run again), the others close in a savepoint and,
+    if another refuses too, one savepoint per order, so an order whose
+    receiver refuses stays open alone. A lock conflict is raised instead: the
+    whole transaction is tried again.
     """
     outcome = CloseOutcome()
     if not pks:
@@ -217,6 +241,19 @@ def _close_batch(model: type[TimeoutOrderMixin], pks: Sequence[Any], using: str)
                 outcome.not_due[pk] = order.expires_at
             else:
                 due.append(order)
+        if due and refused is None:
+            try:
+                _close(manager, due, now)
+            except _ReceiverFailed as failure:
+                if _connection_broken(using) or is_lock_conflict(failure.error) or \
+                        _connection_lost(using, failure.error):
+                    raise failure.error from None
+                raise _CloseCarefully({failure.order.pk: failure.error}) from failure.error
+            outcome.closed.extend(order.pk for order in due)
+            return outcome
+        if refused:
+            outcome.failed.update({order.pk: refused[order.pk] for order in due if order.pk in refused})
+            due = [order for order in due if order.pk not in refused]
         if due:
             try:
                 with transaction.atomic(using=using):
@@ -251,6 +288,12 @@ def _connection_broken(using: str) -> bool:
     The caller then re-raises, the whole batch rolls back and its members stay leased.
     """
     return transaction.get_connection(using).needs_rollback
+
+
+def _connection_lost(using: str, error: BaseException) -> bool:
+    """A database error after which the connection is gone (the server ended the session):
+    the database failed, not the order."""
+    return isinstance(error, DatabaseError) and not connections[using].is_usable()
 
 
 def _close_one_by_one(manager: Any, due: list[TimeoutOrderMixin], now: datetime,

@@ -74,6 +74,7 @@ class CompensationScan:
         self,
         *,
         rebuild: bool = False,
+        heal: bool = False,
         dry_run: bool = False,
         model: type[TimeoutOrderMixin] | None = None,
         queue: TimeoutQueue | None = None,
@@ -89,7 +90,12 @@ class CompensationScan:
         self.chunk_size = chunk_size or settings.COMPENSATION_CHUNK
         self.progress = progress
         self.lock_ms = round(1000 * settings.COMPENSATION_LOCK_SECONDS)
-        self.result = ScanResult(mode="rebuild" if rebuild else "close", dry_run=dry_run)
+        self.result = ScanResult(mode="heal" if heal else "rebuild" if rebuild else "close",
+                                 dry_run=dry_run)
+        # Healing restores only what is due before the next scan could: anything
+        # further ahead is restored by a later scan, still before its deadline.
+        self.rebuild_until = (self.now + timedelta(seconds=2 * settings.COMPENSATION_INTERVAL)
+                              + self.grace) if heal else None
 
     def run(self) -> ScanResult:
         started = timezone.now()
@@ -109,7 +115,14 @@ class CompensationScan:
         try:
             if self.result.mode == "rebuild":
                 self._rebuild(token)
-            else:
+            elif self.result.mode == "heal" and self.result.locked:
+                try:
+                    self._rebuild(token)
+                except QueueUnavailable:
+                    logger.warning("compensation scan lost Redis while restoring members; "
+                                   "closing what is overdue without it", exc_info=True)
+                    self.result.locked = False
+            if self.result.mode in ("close", "heal") and not self.result.lock_lost:
                 self._close_overdue(token)
         finally:
             self._release(token)
@@ -138,7 +151,7 @@ class CompensationScan:
             if self.queue.renew_lock(token, self.lock_ms):
                 return True
         except QueueUnavailable:
-            if self.result.mode == "rebuild":
+            if self.result.mode != "close":
                 raise
             logger.warning("compensation scan lost Redis; going on without the lock", exc_info=True)
             self.result.locked = False
@@ -264,6 +277,8 @@ class CompensationScan:
         # Future deadlines only: overdue orders are the close scan's (and a
         # dead-lettered one must not be retried behind the staff's back).
         upcoming = self._orders().filter(self.model.unpaid_q(), expires_at__gt=self.now)
+        if self.rebuild_until is not None:
+            upcoming = upcoming.filter(expires_at__lte=self.rebuild_until)
         for rows in self._walk(upcoming, token):
             deadlines = {order_member(self.model, pk): deadline_score(expires_at) for pk, expires_at in rows}
             missing = self.queue.missing(deadlines)

@@ -31,14 +31,15 @@ from redis.cluster import RedisCluster
 from redis.commands.core import Script
 from redis.exceptions import RedisClusterException, RedisError
 from redis.retry import Retry as RedisRetry
+from redis.sentinel import SentinelConnectionPool
 
 from .exceptions import QueueUnavailable
 from .keys import GlobalKeys, QueueKeys, shard_of
 
 logger = logging.getLogger("order_timeout")
 
-SCRIPT_NAMES = ("schedule", "claim", "forget", "reschedule", "retry", "renew", "renew_lock",
-                "release_lock")
+SCRIPT_NAMES = ("schedule", "claim", "forget", "reschedule", "retry", "renew", "move_out",
+                "renew_lock", "release_lock")
 # Most members one script call carries: about a millisecond of Redis time.
 SLICE = 1000
 
@@ -475,8 +476,14 @@ def bounded_client(client: Any, timeout: float) -> Any:
 
         return cluster_client(client, **limits)
     pool = client.connection_pool
-    kwargs = {**pool.connection_kwargs, **limits, "retry_on_timeout": False}
-    return Redis(connection_pool=type(pool)(connection_class=pool.connection_class, **kwargs))
+    kwargs = {**pool.connection_kwargs, **limits, "retry_on_timeout": False,
+              "connection_class": pool.connection_class}
+    if isinstance(pool, SentinelConnectionPool):
+        # The pool finds the current master through the sentinels; its connections point back to it.
+        kwargs.pop("connection_pool", None)
+        return Redis(connection_pool=SentinelConnectionPool(
+            pool.service_name, pool.sentinel_manager, is_master=pool.is_master, **kwargs))
+    return Redis(connection_pool=type(pool)(**kwargs))
 
 
 # One bounded client per (django-redis client, timeout), shared by every request of a process.

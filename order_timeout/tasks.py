@@ -10,6 +10,14 @@ from .compensation import compensate as run_compensation
 
 
 @shared_task(name="order_timeout.tasks.compensate")
-def compensate(rebuild: bool = False) -> dict[str, Any]:
-    """Close orders the Redis trigger missed (or, with ``rebuild``, refill Redis); returns counts."""
+def compensate(rebuild: bool | None = None) -> dict[str, Any]:
+    """Heal what Redis lost; returns counts.
+
+    By default (the beat entry): put back the members missing from Redis that
+    fall due before the next scan, then close what is overdue and dropped.
+    ``rebuild=True``: put back every missing future deadline only.
+    ``rebuild=False``: close what is overdue only.
+    """
+    if rebuild is None:
+        return run_compensation(heal=True).as_dict()
     return run_compensation(rebuild=rebuild).as_dict()

@@ -218,22 +218,29 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 30, interval: float
         time.sleep(interval)
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 class PrivateRedis:
     """A redis-server of the test's own, so a test can stop and restart it."""
 
-    def __init__(self) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
+    def __init__(self, *arguments: str, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        # More redis-server arguments: a password, TLS, a replica's --replicaof.
+        self.arguments = arguments
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         binary = shutil.which("redis-server")
         assert binary, "redis-server is not installed (see README)"
+        tls = "--tls-port" in self.arguments
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no"],
+            [binary, "--port", "0" if tls else str(self.port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", *self.arguments],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         wait_for(self._answers, timeout=10)

@@ -87,7 +87,7 @@ def test_scan_task_run_by_a_real_worker_closes_overdue_orders_and_returns_counts
 
     result = compensate.delay().get(timeout=60)
 
-    assert result["closed"] == 3 and result["mode"] == "close" and not result["skipped"]
+    assert result["closed"] == 3 and result["mode"] == "heal" and not result["skipped"]
     assert all(Order.objects.get(pk=o.pk).status == "closed" for o in overdue)
     assert Order.objects.get(pk=fresh.pk).status == "unpaid"  # within the grace
 

@@ -302,3 +302,20 @@ def test_a_receiver_that_kills_the_scan_is_dead_lettered_and_the_rest_is_closed(
     letter = DeadLetter.objects.get()
     assert letter.order_id == str(killer.pk) and "compensation scans died" in letter.last_error
     assert queue.client.hlen(queue.global_keys.scanning) == 0
+
+
+@both_redis
+def test_the_beat_task_restores_members_a_failover_lost_and_closes_the_overdue(make_order, queue,
+                                                                               redis_backend):
+    """Writes lost with the old master: soon-due members come back, overdue ones are closed."""
+    soon = [make_order(in_seconds=60 + i) for i in range(4)]
+    far = make_order(in_seconds=86_400)  # a later scan restores it, before its deadline
+    overdue = make_order(in_seconds=-600)
+    lose_redis_data(queue)
+
+    result = compensate(heal=True)
+
+    assert result.mode == "heal" and (result.restored, result.closed) == (4, 1)
+    assert {score_of(queue, str(o.pk)) for o in soon} == {deadline_score(o.expires_at) for o in soon}
+    assert score_of(queue, str(far.pk)) is None
+    assert Order.objects.get(pk=overdue.pk).status == "closed"

@@ -1,0 +1,162 @@
+"""The queue on the Redis deployments shops run: AUTH, a least-privilege ACL user, TLS, Sentinel."""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import override_settings
+from django_redis import get_redis_connection
+from redis import Redis
+
+from order_timeout.consumer import Consumer
+from order_timeout.health import measure
+
+from .conftest import PrivateRedis, free_port, running, wait_for
+from .helpers import pending_count, state
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# The least privilege the app needs: its own keys and channels, and these commands
+# (scripts run their commands as the user, so those count too). docs/operations.md shows it.
+ACL_RULES = (
+    "on >s3cret ~{order_timeout* &{order_timeout* resetchannels &{order_timeout* "
+    "-@all +evalsha +eval +script|load +ping +info +zadd +zrem +zrange +zrangebyscore +zcard "
+    "+zcount +zscore +zmscore +zscan +hget +hmget +hset +hsetnx +hdel +hlen +hincrby +set +get "
+    "+del +pexpire +publish +spublish +subscribe +ssubscribe +unsubscribe +sunsubscribe"
+)
+
+
+def use_alias(settings: Any, location: str, **options: Any) -> Any:
+    caches = {**settings.CACHES, "deployment": {
+        "BACKEND": "django_redis.cache.RedisCache", "LOCATION": location,
+        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 1, "SOCKET_TIMEOUT": 2, **options}}}
+    return override_settings(CACHES=caches,
+                             ORDER_TIMEOUT={**settings.ORDER_TIMEOUT, "REDIS_ALIAS": "deployment"})
+
+
+def close_one_order_through_the_queue(make_order: Any) -> None:
+    """Schedule on commit, wake a sleeping consumer, claim, close, ack, report."""
+    worker = Consumer(max_wait=30)
+    with running(worker):
+        wait_for(lambda: worker._listener is not None and worker._listener.subscribed, timeout=10)
+        order = make_order(in_seconds=0.2)
+        wait_for(lambda: state(order) == "closed", timeout=15)
+    health = measure()
+    assert (health.pending, health.leased, health.drift) == (0, 0, 0)
+
+
+@pytest.fixture
+def server() -> Iterator[list[PrivateRedis]]:
+    started: list[PrivateRedis] = []
+    yield started
+    for redis in started:
+        redis.stop()
+
+
+def test_a_password_protected_redis(server, settings, make_order):
+    redis = PrivateRedis("--requirepass", "s3cret")
+    server.append(redis)
+    redis.start()
+
+    with use_alias(settings, f"redis://:s3cret@127.0.0.1:{redis.port}/0"):
+        close_one_order_through_the_queue(make_order)
+
+
+def test_a_least_privilege_acl_user(server, settings, make_order, queue):
+    redis = PrivateRedis()
+    server.append(redis)
+    redis.start()
+    Redis(port=redis.port).execute_command("ACL", "SETUSER", "order_timeout", *ACL_RULES.split())
+
+    with use_alias(settings, f"redis://127.0.0.1:{redis.port}/0", USERNAME="order_timeout",
+                   PASSWORD="s3cret"):
+        close_one_order_through_the_queue(make_order)
+        client = get_redis_connection("deployment")
+        # And nothing else: another key, or a command the app does not use, is refused.
+        with pytest.raises(Exception, match="NOPERM|no permissions"):
+            client.set("someone-else", 1)
+        with pytest.raises(Exception, match="NOPERM|no permissions"):
+            client.flushdb()
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A private CA and a server certificate for 127.0.0.1."""
+    directory = tmp_path_factory.mktemp("tls")
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
+            "-keyout", "ca.key", "-out", "ca.crt")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout",
+            "server.key", "-out", "server.csr")
+    (directory / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+            "-CAcreateserial", "-days", "2", "-extfile", "san.cnf", "-out", "server.crt")
+    return directory
+
+
+def test_tls(server, settings, make_order, certificates):
+    port = free_port()
+    redis = PrivateRedis("--tls-port", str(port), "--tls-cert-file", str(certificates / "server.crt"),
+                         "--tls-key-file", str(certificates / "server.key"),
+                         "--tls-ca-cert-file", str(certificates / "ca.crt"),
+                         "--tls-auth-clients", "no", port=port)
+    server.append(redis)
+    redis.start()
+
+    with use_alias(settings, f"rediss://127.0.0.1:{port}/0",
+                   CONNECTION_POOL_KWARGS={"ssl_ca_certs": str(certificates / "ca.crt")}):
+        close_one_order_through_the_queue(make_order)
+
+
+def test_sentinel_and_a_failover_the_consumer_rides_through(server, settings, make_order, tmp_path):
+    primary = PrivateRedis()
+    replica = PrivateRedis("--replicaof", "127.0.0.1", str(primary.port))
+    sentinel_port = free_port()
+    config = tmp_path / "sentinel.conf"
+    config.write_text(textwrap.dedent(f"""\
+        port {sentinel_port}
+        bind 127.0.0.1
+        sentinel monitor shop 127.0.0.1 {primary.port} 1
+        sentinel down-after-milliseconds shop 1000
+        sentinel failover-timeout shop 5000
+    """))
+    server.extend([primary, replica])
+    primary.start()
+    replica.start()
+    sentinel_proc = subprocess.Popen(["redis-server", str(config), "--sentinel"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: _sentinel_knows_replica(sentinel_port), timeout=20)
+        with use_alias(settings, "redis://shop/0",
+                       CONNECTION_FACTORY="django_redis.pool.SentinelConnectionFactory",
+                       CLIENT_CLASS="django_redis.client.SentinelClient",
+                       SENTINELS=[("127.0.0.1", sentinel_port)]):
+            close_one_order_through_the_queue(make_order)
+            worker = Consumer(max_wait=0.2)
+            with running(worker):
+                Redis(port=sentinel_port).execute_command("SENTINEL", "FAILOVER", "shop")
+                wait_for(lambda: Redis(port=replica.port).info("replication")["role"] == "master",
+                         timeout=30)
+                orders = [make_order(in_seconds=0.3) for _ in range(3)]
+                wait_for(lambda: all(state(o) == "closed" for o in orders), timeout=30)
+            assert pending_count(worker.queue) == 0
+    finally:
+        sentinel_proc.terminate()
+        sentinel_proc.wait(10)
+
+
+def _sentinel_knows_replica(port: int) -> bool:
+    try:
+        replicas = Redis(port=port).execute_command("SENTINEL", "REPLICAS", "shop")
+    except Exception:
+        return False
+    return bool(replicas)
