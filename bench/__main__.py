@@ -30,6 +30,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="Shrink every workload (CI runs this; numbers are not comparable).")
     parser.add_argument("--out", type=Path, default=Path("bench/out"))
     parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--no-scale", action="store_true",
+                        help="Skip the bulk schedule() and the Redis Cluster bursts.")
     args = parser.parse_args(argv)
     unknown = set(args.systems.split(",")) - set(SYSTEMS)
     if unknown:
@@ -60,6 +62,7 @@ def main(argv: list[str]) -> int:
     import django
 
     django.setup()
+    from django.conf import settings
     args = parse_args(argv)
     from django.core.management import call_command
 
@@ -118,6 +121,20 @@ def main(argv: list[str]) -> int:
             print(f"  closers' logs kept in {record_dir}", flush=True)
         else:
             shutil.rmtree(record_dir, ignore_errors=True)
+
+    if not args.no_scale:
+        from . import scale
+
+        print("scale: one bulk schedule() ...", flush=True)
+        data["bulk_schedule"] = scale.bulk_schedule(sizes.bulk_schedule)
+        if "cluster" in settings.CACHES:
+            data["cluster"] = []
+            for shards in (1, 16):
+                print(f"scale: a burst on the Redis Cluster, SHARDS={shards} ...", flush=True)
+                record_dir = Path(tempfile.mkdtemp(prefix=f"bench-cluster-{shards}-"))
+                data["cluster"].append(scale.cluster_burst(shards, sizes.burst, record_dir,
+                                                           sizes.cap_seconds))
+                shutil.rmtree(record_dir, ignore_errors=True)
 
     workloads.reset()
     data["elapsed_s"] = round(time.monotonic() - began, 1)

@@ -74,8 +74,31 @@ def markdown(data: dict[str, Any]) -> str:
         lines += ["", "Targets (issue 4), this project's row:", "", "| target | measured | met |", "|---|---|---|"]
         lines += [f"| {target} | {measured} | {'yes' if met else '**no**'} |"
                   for target, measured, met in targets(data)]
+    lines += _scale_lines(data)
     lines += ["", _machine_line(data)]
     return "\n".join(lines) + "\n"
+
+
+def _scale_lines(data: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    bulk = data.get("bulk_schedule")
+    if bulk:
+        lines += ["", f"One `schedule()` of {bulk['members']:,} members: {bulk['seconds']:g} s in "
+                      f"{bulk['script_calls']:,} script calls of at most 1,000 members; the slowest "
+                      f"held Redis {_num(bulk['slowest_call_ms'], 2)} ms (median "
+                      f"{_num(bulk['median_call_ms'], 2)} ms)."]
+    if data.get("cluster"):
+        lines += ["", "A burst on the local Redis Cluster (3 masters, 3 replicas, same machine), "
+                      "2 consumers:", "",
+                  "| SHARDS | orders | closes/s | drained in | keys per master | Redis CPU s per master |",
+                  "|---|---|---|---|---|---|"]
+        for run in data["cluster"]:
+            keys = " / ".join(f"{n:,}" for n in run["keys_per_master"].values())
+            cpu = " / ".join(f"{s:.2f}" for s in run["redis_cpu_s_per_master"].values())
+            drain = f"{run['drain_s']:.2f} s" if run["drain_s"] else f"{run['closed']:,} closed"
+            lines.append(f"| {run['shards']} | {run['orders']:,} | {_num(run['closes_per_s'], 0)} "
+                         f"| {drain} | {keys} | {cpu} |")
+    return lines
 
 
 def _machine_line(data: dict[str, Any]) -> str:

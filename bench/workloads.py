@@ -34,16 +34,17 @@ class Sizes:
     cap_seconds: float
     claim_sizes: tuple[int, ...]
     create_samples: int
+    bulk_schedule: int
     # Seconds between the end of production and the first deadline, at least.
     lead_seconds: float
 
 
 FULL = Sizes(steady_rate=1000, steady_seconds=60, burst=100_000, idle=1_000_000, celery_idle=20_000,
              idle_seconds=10, cap_seconds=90, claim_sizes=(10_000, 100_000, 1_000_000),
-             create_samples=2000, lead_seconds=2)
+             create_samples=2000, bulk_schedule=1_000_000, lead_seconds=2)
 QUICK = Sizes(steady_rate=200, steady_seconds=2, burst=1_000, idle=10_000, celery_idle=300,
               idle_seconds=1.5, cap_seconds=15, claim_sizes=(10_000, 100_000), create_samples=150,
-              lead_seconds=1)
+              bulk_schedule=20_000, lead_seconds=1)
 
 
 def reset() -> None:

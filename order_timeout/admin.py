@@ -7,14 +7,17 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import Model, QuerySet
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from . import deadletters, get_order_model
+from . import deadletters, get_order_model, overview
 from .exceptions import QueueUnavailable
-from .models import DeadLetter, Order
+from .models import DeadLetter, Order, TimeoutOverview
 
 
 class OverdueFilter(admin.SimpleListFilter):
@@ -177,3 +180,50 @@ class DeadLetterAdmin(admin.ModelAdmin):
                   permissions=["close_now"])
     def close_now(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> None:
         _report(self, request, deadletters.close_now(queryset, request.user, timezone.now()))
+
+
+@admin.register(TimeoutOverview)
+class TimeoutOverviewAdmin(admin.ModelAdmin):
+    """The "Order timeouts" page: how the queue is doing, for staff with its view permission."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        letters = list(DeadLetter.objects.filter(resolved_at__isnull=True).order_by("pk")[:OPEN_LETTERS])
+        dead_letters_url = reverse("admin:order_timeout_deadletter_changelist")
+        context = {
+            **self.admin_site.each_context(request),
+            **overview.context(request),
+            "title": _("Order timeouts"),
+            "opts": self.model._meta,
+            "overdue_url": _overdue_orders_url(self.admin_site),
+            "dead_letters_url": f"{dead_letters_url}?resolved=no",
+            "dead_letters_action_url": dead_letters_url,
+            "dead_letters": letters,
+            "can_requeue": request.user.has_perm("order_timeout.requeue_deadletter"),
+            "can_close": request.user.has_perm("order_timeout.close_deadletter_order"),
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "admin/order_timeout/overview.html", context)
+
+
+# The overview's buttons act on at most this many open dead letters at once.
+OPEN_LETTERS = 100
+
+
+def _overdue_orders_url(site: admin.AdminSite) -> str:
+    model = get_order_model()
+    if not site.is_registered(model):
+        return ""
+    url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
+    registered = site.get_model_admin(model)
+    return f"{url}?deadline=overdue" if isinstance(registered, TimeoutOrderAdminMixin) else url

@@ -157,3 +157,81 @@ def _index(model: Any) -> list[checks.CheckMessage]:
              "if your Meta sets indexes, add *TimeoutOrderMixin.Meta.indexes to them.",
         obj=model, id="order_timeout.W002",
     )]
+
+
+@checks.register(checks.Tags.caches)
+def check_dedicated_alias(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The queue must not sit where the shop's ``cache`` API writes: ``cache.clear()`` would wipe it."""
+    from django.core.cache import DEFAULT_CACHE_ALIAS
+
+    alias = settings.REDIS_ALIAS
+    caches = django_settings.CACHES
+    if alias not in caches:
+        return []
+    shared = alias == DEFAULT_CACHE_ALIAS or (
+        DEFAULT_CACHE_ALIAS in caches
+        and caches[DEFAULT_CACHE_ALIAS].get("LOCATION") == caches[alias].get("LOCATION"))
+    if not shared:
+        return []
+    return [checks.Warning(
+        f"ORDER_TIMEOUT['REDIS_ALIAS'] is {alias!r}, the Redis database the shop's cache "
+        "(django.core.cache.cache) writes to: any cache.clear() wipes every pending deadline.",
+        hint="Give the queue a cache alias of its own, on a Redis database of its own, e.g. "
+             "CACHES['order_timeout'] = {..., 'LOCATION': 'redis://host:6379/1'} and "
+             "ORDER_TIMEOUT = {'REDIS_ALIAS': 'order_timeout'}.",
+        id="order_timeout.W005",
+    )]
+
+
+# Redis 6.2: ZADD LT/GT and ZMSCORE.
+MIN_REDIS = (6, 2)
+
+
+@checks.register(checks.Tags.caches, deploy=True)
+def check_redis_server(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``manage.py check --deploy``: the queue's Redis itself (version, eviction, persistence)."""
+    from .exceptions import QueueUnavailable
+    from .queue import TimeoutQueue, redis_errors
+
+    try:
+        with redis_errors("answer"):
+            client = TimeoutQueue.from_settings().client
+            server = _one_node(client.info("server"))
+            memory = _one_node(client.info("memory"))
+            persistence = _one_node(client.info("persistence"))
+            saving = _one_node(client.config_get("save")).get("save", "")
+    except (QueueUnavailable, ImproperlyConfigured) as exc:
+        return [checks.Warning(f"Could not check the queue's Redis: {exc}",
+                               hint="Run the deploy checks where Redis answers.",
+                               id="order_timeout.W008")]
+    messages = version_messages(str(server["redis_version"]))
+    policy = memory.get("maxmemory_policy", "noeviction")
+    if policy != "noeviction":
+        messages.append(checks.Warning(
+            f"The queue's Redis evicts keys (maxmemory-policy {policy}): an evicted member is an "
+            "order that closes late, by the compensation scan.",
+            hint="Set maxmemory-policy noeviction, or give the queue a Redis of its own.",
+            id="order_timeout.W006"))
+    if not int(persistence.get("aof_enabled", 0)) and not saving:
+        messages.append(checks.Warning(
+            "The queue's Redis persists nothing (no AOF, no RDB saves): a restart loses every "
+            "pending deadline until the beat task and the scan put them back (minutes).",
+            hint="Turn on AOF (appendonly yes), or accept the delay after a restart.",
+            id="order_timeout.W007"))
+    return messages
+
+
+def version_messages(version: str) -> list[checks.CheckMessage]:
+    """An error for a Redis older than the app needs."""
+    if tuple(int(part) for part in version.split(".")[:2]) >= MIN_REDIS:
+        return []
+    return [checks.Error(f"The queue's Redis is {version}; the app needs 6.2 or later "
+                         "(ZADD LT, ZMSCORE).", hint="Upgrade Redis.", id="order_timeout.E008")]
+
+
+def _one_node(reply: Any) -> Any:
+    """A Cluster answers INFO/CONFIG per node; the first node stands for all."""
+    if isinstance(reply, dict) and reply and all(isinstance(v, dict) for v in reply.values()) \
+            and not {"redis_version", "maxmemory_policy", "aof_enabled", "save"} & set(reply):
+        return next(iter(reply.values()))
+    return reply

@@ -57,6 +57,8 @@ class CloseOutcome:
     abandoned: list[Any] = field(default_factory=list)
     # The database's clock when it locked the rows (None if no row was locked).
     db_now: datetime | None = None
+    # The deadlines of the orders closed (for their lateness).
+    deadlines: dict[Any, datetime] = field(default_factory=dict)
 
     def merge(self, other: CloseOutcome) -> None:
         self.closed += other.closed
@@ -67,6 +69,7 @@ class CloseOutcome:
         self.failed.update(other.failed)
         self.abandoned += other.abandoned
         self.db_now = other.db_now or self.db_now
+        self.deadlines.update(other.deadlines)
 
 
 def close_expired(
@@ -241,6 +244,7 @@ def _close_batch(model: type[TimeoutOrderMixin], pks: Sequence[Any], using: str,
                 outcome.not_due[pk] = order.expires_at
             else:
                 due.append(order)
+        due_deadlines = [(order, order.expires_at) for order in due]
         if due and refused is None:
             try:
                 _close(manager, due, now)
@@ -250,6 +254,7 @@ def _close_batch(model: type[TimeoutOrderMixin], pks: Sequence[Any], using: str,
                     raise failure.error from None
                 raise _CloseCarefully({failure.order.pk: failure.error}) from failure.error
             outcome.closed.extend(order.pk for order in due)
+            outcome.deadlines.update((order.pk, deadline) for order, deadline in due_deadlines)
             return outcome
         if refused:
             outcome.failed.update({order.pk: refused[order.pk] for order in due if order.pk in refused})
@@ -271,6 +276,9 @@ def _close_batch(model: type[TimeoutOrderMixin], pks: Sequence[Any], using: str,
                 _close_one_by_one(manager, due, now, outcome, using)
             else:
                 outcome.closed.extend(order.pk for order in due)
+        closed = set(outcome.closed)
+        outcome.deadlines.update((order.pk, deadline) for order, deadline in due_deadlines
+                                 if order.pk in closed)
     return outcome
 
 

@@ -61,6 +61,8 @@ class ScanResult:
     left_as_dead_letters: int = 0
     # Buried because scans kept dying while closing them.
     dead_lettered: int = 0
+    # Overdue orders the scan took because Redis did not hold them at all.
+    missing_from_redis: int = 0
     elapsed_ms: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -105,12 +107,12 @@ class CompensationScan:
                 logger.info("compensation scan skipped: another scan holds the lock")
                 self.result.skipped = True
                 return self.result
-        except QueueUnavailable:
+        except QueueUnavailable as error:
             if self.result.mode == "rebuild":
                 raise
             # The database is the truth: the safety net must work when Redis does not.
-            logger.warning("compensation scan running without its lock: Redis is unreachable",
-                           exc_info=True)
+            logger.warning("compensation scan running without its lock: Redis is unreachable "
+                           "(%s)", error)
             self.result.locked = False
         try:
             if self.result.mode == "rebuild":
@@ -118,14 +120,19 @@ class CompensationScan:
             elif self.result.mode == "heal" and self.result.locked:
                 try:
                     self._rebuild(token)
-                except QueueUnavailable:
-                    logger.warning("compensation scan lost Redis while restoring members; "
-                                   "closing what is overdue without it", exc_info=True)
+                except QueueUnavailable as error:
+                    logger.warning("compensation scan lost Redis while restoring members (%s); "
+                                   "closing what is overdue without it", error)
                     self.result.locked = False
             if self.result.mode in ("close", "heal") and not self.result.lock_lost:
                 self._close_overdue(token)
         finally:
             self._release(token)
+        if self.result.mode == "heal" and self.result.locked and not self.result.dry_run:
+            try:
+                self.queue.record_drift(self.result.restored + self.result.missing_from_redis)
+            except QueueUnavailable as error:
+                logger.warning("compensation scan could not record the drift (%s)", error)
         self.result.elapsed_ms = round((timezone.now() - started).total_seconds() * 1000, 1)
         logger.info("compensation scan " + " ".join(f"{k}=%s" for k in self.result.as_dict()),
                     *self.result.as_dict().values(), extra={"scan": self.result.as_dict()})
@@ -150,10 +157,10 @@ class CompensationScan:
         try:
             if self.queue.renew_lock(token, self.lock_ms):
                 return True
-        except QueueUnavailable:
+        except QueueUnavailable as error:
             if self.result.mode != "close":
                 raise
-            logger.warning("compensation scan lost Redis; going on without the lock", exc_info=True)
+            logger.warning("compensation scan lost Redis (%s); going on without the lock", error)
             self.result.locked = False
             return True
         logger.warning("compensation scan lost its lock (a chunk outlived it); stopping")
@@ -165,9 +172,9 @@ class CompensationScan:
             return
         try:
             self.queue.release_lock(token)
-        except QueueUnavailable:
+        except QueueUnavailable as error:
             # It expires by itself after COMPENSATION_LOCK_SECONDS.
-            logger.warning("compensation scan could not release its lock", exc_info=True)
+            logger.warning("compensation scan could not release its lock (%s)", error)
 
     def _orders(self) -> QuerySet[Any]:
         # The primary: a replica may lag behind the closes this scan makes.
@@ -229,14 +236,16 @@ class CompensationScan:
             return candidates
         try:
             positions = self.queue.positions(candidates)
-        except QueueUnavailable:
-            logger.warning("compensation scan lost Redis; closing what the database says is overdue")
+        except QueueUnavailable as error:
+            logger.warning("compensation scan lost Redis (%s); closing what the database says is "
+                           "overdue", error)
             self.result.locked = False
             return candidates
         cutoff = now_score(self.now - self.grace)
         dropped = {member: pk for member, pk in candidates.items()
                    if all(at is None or at <= cutoff
                           for at in (positions[member].pending_ms, positions[member].lease_ms))}
+        self.result.missing_from_redis += sum(1 for member in dropped if positions[member].missing)
         self.result.left_to_consumers += len(candidates) - len(dropped)
         return dropped
 
@@ -252,8 +261,8 @@ class CompensationScan:
         if self.result.locked:
             try:
                 getattr(self.queue, step)(members)
-            except QueueUnavailable:
-                logger.warning("compensation scan could not keep its books in Redis", exc_info=True)
+            except QueueUnavailable as error:
+                logger.warning("compensation scan could not keep its books in Redis (%s)", error)
 
     def _bury(self, pk: Any, scans: int) -> None:
         error = RepeatedTakeover(
@@ -270,8 +279,8 @@ class CompensationScan:
             return
         try:
             self.queue.unschedule(order_member(self.model, pk) for pk in pks)
-        except QueueUnavailable:
-            logger.warning("compensation scan could not clean up Redis", exc_info=True)
+        except QueueUnavailable as error:
+            logger.warning("compensation scan could not clean up Redis (%s)", error)
 
     def _rebuild(self, token: str) -> None:
         # Future deadlines only: overdue orders are the close scan's (and a

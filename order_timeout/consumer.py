@@ -32,6 +32,7 @@ from .dbsession import database_now, limit_session, session_id
 from .deadletters import Failure
 from .exceptions import QueueUnavailable, RepeatedTakeover
 from .leaseguard import LeaseGuard, WatchedBatch
+from .metrics import ConsumerMetrics
 from .models import TimeoutOrderMixin
 from .queue import Claim, TimeoutQueue
 from .rota import ShardRota
@@ -96,6 +97,7 @@ class Consumer:
         lease_seconds: float | None = None,
         now: Callable[[], datetime] | None = None,
         follow_database_clock: bool = True,
+        metrics: ConsumerMetrics | None = None,
     ) -> None:
         self.queue = queue or TimeoutQueue.from_settings()
         self.model = model or get_order_model()
@@ -111,6 +113,7 @@ class Consumer:
         # Off only for tests that step time by hand through ``now``.
         self.follow_database_clock = follow_database_clock
         self.stats = ConsumerStats()
+        self.metrics = metrics or ConsumerMetrics()
         self.using = router.db_for_write(self.model)
         # Database clock minus this host's, from recent batches (each reading errs low).
         self._clock_readings: deque[timedelta] = deque(maxlen=CLOCK_SAMPLES)
@@ -186,6 +189,7 @@ class Consumer:
             outcome = close_expired(self.model, list(by_pk),
                                     should_stop=batch.expired if batch else None)
         self._learn_clock(outcome.db_now)
+        closed_at = self.clock()
 
         if outcome.missing:
             logger.warning("No %s row for member(s) %r; dropped.", self.model.__name__,
@@ -201,6 +205,13 @@ class Consumer:
             # Hand them to the next claim at once, each alone (the guard did, unless it was not there).
             self.queue.renew(claim.token, [by_pk[pk] for pk in outcome.abandoned], 0)
         dead = self._retry_or_bury(claim.token, outcome.failed, by_pk, now)
+        self.metrics.batch(
+            {"closed": len(outcome.closed), "settled": len(outcome.settled),
+             "rescheduled": len(outcome.not_due), "busy": len(outcome.busy),
+             "failed": len(outcome.failed), "dead_lettered": dead,
+             "dropped": len(malformed) + len(outcome.missing), "abandoned": len(outcome.abandoned)},
+            (self.clock() - now).total_seconds(),
+            ((closed_at - deadline).total_seconds() for deadline in outcome.deadlines.values()))
         return BatchReport(
             claimed=len(claim.members), closed=len(outcome.closed),
             skipped_paid=len(outcome.settled),
@@ -292,7 +303,9 @@ class Consumer:
         try:
             started = time.perf_counter()
             now = self.clock()
+            claimed = time.perf_counter()
             claim = self.claim(now, due_by)
+            self.metrics.claimed(time.perf_counter() - claimed, len(claim.members))
             if claim.members:
                 try:
                     report = self.process(claim, now)
@@ -352,11 +365,14 @@ class Consumer:
         while not self.stopping:
             try:
                 claim = self.run_once(due_by)
-            except (QueueUnavailable, DatabaseError):
+            except (QueueUnavailable, DatabaseError) as exc:
                 if once:
                     raise
                 self.stats.errors += 1
-                logger.exception("Timeout consumer batch failed; retrying in %.1fs.", backoff)
+                self.metrics.error("redis" if isinstance(exc, QueueUnavailable) else "database")
+                # An outage is expected: one line with its cause per backoff step, no traceback.
+                logger.warning("Timeout consumer batch failed (%s: %s); retrying in %.1fs.",
+                               type(exc).__name__, exc, backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, ERROR_BACKOFF_MAX)
                 continue

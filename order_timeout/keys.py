@@ -92,6 +92,11 @@ class GlobalKeys:
         return f"{{{self.prefix}}}:compensation-lock"
 
     @property
+    def drift(self) -> str:
+        """String: how many members the last beat run found missing from Redis."""
+        return f"{{{self.prefix}}}:drift"
+
+    @property
     def scanning(self) -> str:
         """Hash: member = order id the scan started closing, value = scans that did not finish it."""
         return f"{{{self.prefix}}}:scanning"

@@ -363,3 +363,13 @@ class DeadLetter(models.Model):
     @property
     def is_resolved(self) -> bool:
         return self.resolved_at is not None
+
+
+class TimeoutOverview(models.Model):
+    """No table: the admin's "Order timeouts" page, and the permission to see it."""
+
+    class Meta:
+        managed = False
+        default_permissions = ("view",)
+        verbose_name = _("order timeouts")
+        verbose_name_plural = _("order timeouts")

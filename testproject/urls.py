@@ -1,4 +1,9 @@
 from django.contrib import admin
 from django.urls import path
 
-urlpatterns = [path("admin/", admin.site.urls)]
+from order_timeout import views
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("metrics/order-timeout", views.metrics),
+]

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -240,7 +241,8 @@ class PrivateRedis:
         tls = "--tls-port" in self.arguments
         self.proc = subprocess.Popen(
             [binary, "--port", "0" if tls else str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", *self.arguments],
+             "--save", "", "--appendonly", "no", "--dir", tempfile.mkdtemp(prefix="redis-"),
+             *self.arguments],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         wait_for(self._answers, timeout=10)

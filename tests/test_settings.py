@@ -9,7 +9,16 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from order_timeout import get_order_model
-from order_timeout.checks import check_grace, check_redis_alias, check_use_tz
+from django_redis import get_redis_connection
+
+from order_timeout.checks import (
+    check_dedicated_alias,
+    check_grace,
+    check_redis_alias,
+    check_redis_server,
+    check_use_tz,
+    version_messages,
+)
 from order_timeout.conf import DEFAULTS
 from order_timeout.conf import settings as order_settings
 from order_timeout.models import Order
@@ -138,3 +147,40 @@ def test_check_warns_when_the_scans_grace_is_shorter_than_a_lease_and_the_retrie
 
 def test_the_default_grace_covers_the_default_lease_and_retries():
     assert check_grace() == []
+
+
+def test_check_warns_when_the_queue_shares_the_shops_default_cache(settings):
+    settings.ORDER_TIMEOUT = {"REDIS_ALIAS": "default"}
+
+    assert [m.id for m in check_dedicated_alias()] == ["order_timeout.W005"]
+
+
+def test_check_warns_when_the_queues_alias_points_at_the_default_caches_database(settings):
+    location = settings.CACHES["default"]["LOCATION"]
+    settings.CACHES = {**settings.CACHES, "queue": {**settings.CACHES["default"], "LOCATION": location}}
+    settings.ORDER_TIMEOUT = {"REDIS_ALIAS": "queue"}
+
+    assert [m.id for m in check_dedicated_alias()] == ["order_timeout.W005"]
+
+
+def test_deploy_check_warns_on_eviction_and_no_persistence(private_redis):
+    client = get_redis_connection("private")
+    client.config_set("maxmemory-policy", "allkeys-lru")
+
+    messages = check_redis_server()
+
+    assert sorted(m.id for m in messages) == ["order_timeout.W006", "order_timeout.W007"]
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("save", "3600 1")  # RDB snapshots: some persistence
+    assert check_redis_server() == []
+
+
+@pytest.mark.parametrize("version, problem", [("6.0.16", True), ("6.2.0", False), ("7.0.15", False)])
+def test_a_redis_older_than_6_2_is_an_error(version, problem):
+    assert [m.id for m in version_messages(version)] == (["order_timeout.E008"] if problem else [])
+
+
+def test_deploy_check_says_when_it_cannot_reach_redis(private_redis):
+    private_redis.stop()
+
+    assert [m.id for m in check_redis_server()] == ["order_timeout.W008"]

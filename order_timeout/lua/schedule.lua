@@ -17,9 +17,12 @@
 local rcall = redis.call
 local pending, wake = KEYS[1], KEYS[2]
 
+-- One variadic ZADD per 500 members (unpack() is bounded by Lua's C stack).
 local added, earliest = 0, nil
+for i = 1, #ARGV, 1000 do
+  added = added + rcall('ZADD', pending, unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
 for i = 1, #ARGV, 2 do
-  added = added + rcall('ZADD', pending, ARGV[i], ARGV[i + 1])
   local score = tonumber(ARGV[i])
   if earliest == nil or score < earliest then earliest = score end
 end

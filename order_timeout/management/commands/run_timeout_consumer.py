@@ -38,6 +38,16 @@ def seconds(text: str) -> float:
     return value
 
 
+def port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ArgumentTypeError(f"must be a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise ArgumentTypeError(f"must be from 0 to 65535, got {value}")
+    return value
+
+
 class Command(BaseCommand):
     help = "Close unpaid orders as their deadlines pass (claim -> close -> ack, until stopped)."
 
@@ -48,10 +58,20 @@ class Command(BaseCommand):
                             help="Members claimed per batch (default: ORDER_TIMEOUT['BATCH_SIZE']).")
         parser.add_argument("--max-wait", type=seconds, default=None,
                             help="Longest idle sleep in seconds (default: ORDER_TIMEOUT['MAX_WAIT']).")
+        parser.add_argument("--metrics-port", type=port, default=None,
+                            help="Serve Prometheus metrics (this consumer's counters and the "
+                                 "backlog) on this port; needs the 'metrics' extra.")
+        parser.add_argument("--metrics-address", default="",
+                            help="Address to serve metrics on (default: all interfaces).")
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
         consumer = Consumer(batch_size=options["batch_size"], max_wait=options["max_wait"])
+        if options["metrics_port"] is not None:
+            try:
+                consumer.metrics.serve(options["metrics_port"], options["metrics_address"])
+            except (RuntimeError, OSError) as exc:
+                raise CommandError(f"--metrics-port {options['metrics_port']}: {exc}") from exc
         self._install_signal_handlers(consumer)
         mode = "once" if options["once"] else "until stopped"
         self.stdout.write(f"Timeout consumer running {mode} (batch {consumer.batch_size}).")
@@ -65,10 +85,20 @@ class Command(BaseCommand):
         )
 
     def _configure_logging(self, verbosity: int) -> None:
+        """Show the app's lines when the project shows none; never touch the root logger.
+
+        A project that configured logging keeps its handlers and formats (and
+        its own loggers print once); one that did not gets a handler on the
+        ``order_timeout`` logger alone.
+        """
         logger = logging.getLogger("order_timeout")
-        if not logger.handlers and not logging.getLogger().handlers:
-            logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s %(message)s")
         logger.setLevel(VERBOSITY_LEVELS.get(verbosity, logging.DEBUG))
+        if logger.handlers or logging.getLogger().handlers:
+            return
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
 
     def _install_signal_handlers(self, consumer: Consumer) -> None:
         received: list[int] = []

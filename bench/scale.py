@@ -1,0 +1,118 @@
+"""Scale measurements: a bulk ``schedule()``, and one burst on a Redis Cluster with 1 and with 16 shards.
+
+The cluster is the local one ``scripts/lib/prepare.sh`` starts (3 masters, 3
+replicas, all on this machine), reached through ``REDIS_CLUSTER_URL``; the
+harness empties it, like its own Redis database.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.test import override_settings
+from django.utils import timezone
+from django_redis import get_redis_connection
+
+from order_timeout import schedule
+from order_timeout.codec import now_score
+from order_timeout.models import Order
+from order_timeout.queue import TimeoutQueue
+
+from .recorder import read_commits
+from .systems import Ours
+from .workloads import make_orders, reset, script_names
+
+
+def bulk_schedule(size: int) -> dict[str, Any]:
+    """One ``schedule()`` of ``size`` members: how long, and the longest any script call held Redis."""
+    queue = TimeoutQueue.from_settings()
+    client = queue.client
+    client.flushdb()
+    # Above a script's inner commands (Redis logs those too), below any script call.
+    client.config_set("slowlog-log-slower-than", 100)
+    client.config_set("slowlog-max-len", size // 500 + 100)
+    client.slowlog_reset()
+    due = now_score(timezone.now()) + 3_600_000
+    began = time.perf_counter()
+    queue.schedule({str(pk): due + pk % 1000 for pk in range(1, size + 1)})
+    elapsed = time.perf_counter() - began
+    names = script_names()
+    calls = [entry["duration"] for entry in client.slowlog_get(size // 500 + 100)
+             if entry["command"].split(b" ")[0].lower() == b"evalsha"
+             and names.get(entry["command"].split(b" ")[1].decode()) == "schedule"]
+    client.config_set("slowlog-log-slower-than", 1000)
+    client.config_set("slowlog-max-len", 128)
+    client.flushdb()
+    return {"members": size, "seconds": round(elapsed, 2), "script_calls": len(calls),
+            "slowest_call_ms": max(calls) / 1000 if calls else None,
+            "median_call_ms": sorted(calls)[len(calls) // 2] / 1000 if calls else None}
+
+
+class OursOnCluster(Ours):
+    """Our consumers with the queue on the cluster."""
+
+    workloads = ("burst",)
+    measures_create = False
+
+    def __init__(self, record_dir: Path, shards: int) -> None:
+        super().__init__(record_dir)
+        self.shards = shards
+        self.name = f"cluster_{shards}"
+        self.label = f"django-order-timeout on a 3-master Redis Cluster, SHARDS={shards}"
+        self.extra_env = {"ORDER_TIMEOUT_REDIS_ALIAS": "cluster", "ORDER_TIMEOUT_SHARDS": str(shards)}
+
+
+def _masters() -> list[Any]:
+    from redis.cluster import RedisCluster
+
+    return RedisCluster.from_url(django_settings.CACHES["cluster"]["LOCATION"]).get_primaries()
+
+
+def _cpu_seconds(nodes: list[Any]) -> dict[str, float]:
+    cpu = {}
+    for node in nodes:
+        info = node.redis_connection.info("cpu")
+        cpu[node.name] = float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+    return cpu
+
+
+def cluster_burst(shards: int, orders: int, record_dir: Path, cap_seconds: float) -> dict[str, Any]:
+    """``orders`` due at one instant, closed by 2 consumers; closes/s and Redis CPU per master."""
+    overrides = {**django_settings.ORDER_TIMEOUT, "REDIS_ALIAS": "cluster", "SHARDS": shards}
+    with override_settings(ORDER_TIMEOUT=overrides):
+        from redis.cluster import RedisCluster
+
+        get_redis_connection("cluster").flushall(target_nodes=RedisCluster.PRIMARIES)
+        reset()
+        system = OursOnCluster(record_dir, shards)
+        system.start()
+        try:
+            start = timezone.now() + timedelta(seconds=2 + orders * 0.00006 * 1.5)
+            created = make_orders([start] * orders)
+            schedule(created)
+            masters = _masters()
+            keys_per_master = {node.name: node.redis_connection.dbsize() for node in masters}
+            wait = (start - timezone.now()).total_seconds()
+            if wait > 0:
+                time.sleep(wait)
+            cpu_before = _cpu_seconds(masters)
+            deadline = time.monotonic() + cap_seconds
+            unpaid = Order.objects.filter(status="unpaid", pk__gte=created[0].pk)
+            while unpaid.exists() and time.monotonic() < deadline:
+                time.sleep(0.25)
+            cpu = {name: round(after - cpu_before[name], 2)
+                   for name, after in _cpu_seconds(masters).items()}
+        finally:
+            system.stop()
+        commits = [at for pk, at in read_commits(record_dir) if pk >= created[0].pk]
+        span = max(commits) - start.timestamp() if commits else None
+        get_redis_connection("cluster").flushall(target_nodes=RedisCluster.PRIMARIES)
+    return {"shards": shards, "orders": orders, "closed": len(commits),
+            "closes_per_s": len(commits) / span if span else None,
+            "drain_s": span if len(commits) == orders else None,
+            "keys_per_master": keys_per_master, "redis_cpu_s_per_master": cpu,
+            "errors": system.errors}

@@ -1,0 +1,166 @@
+"""Prometheus metrics (the ``metrics`` extra: prometheus-client).
+
+Two kinds, exported from two places:
+
+- What a consumer does (closes by outcome, close lateness, claim and close
+  durations, batch sizes, retries, dead letters, errors): counted in the
+  consumer process and served by ``run_timeout_consumer --metrics-port``.
+- The backlog (pending, due, leased, expired leases, busy, taken over, oldest
+  due age per shard; open dead letters; drift as the last beat run found it):
+  read from Redis and the database at scrape time by ``BacklogCollector``,
+  served by the consumer too and by ``order_timeout.views.metrics`` for a
+  shop's own scrape.
+
+Without prometheus-client every recording call is a no-op.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from django.utils import timezone
+
+logger = logging.getLogger("order_timeout")
+
+try:
+    from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+    from prometheus_client.core import GaugeMetricFamily
+except ImportError:  # pragma: no cover - exercised without the extra
+    CollectorRegistry = Counter = Histogram = GaugeMetricFamily = start_http_server = None  # type: ignore[assignment,misc]
+
+AVAILABLE = Counter is not None
+
+# Outcomes of ``order_timeout_closes_total``: what became of each claimed order.
+OUTCOMES = ("closed", "settled", "rescheduled", "busy", "failed", "dead_lettered", "dropped",
+            "abandoned")
+# Close lateness: from a few milliseconds (the normal path) to the scan's bounds.
+LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 150, 300,
+                    600, 1800)
+DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+
+
+class ConsumerMetrics:
+    """The consumer's own counters and histograms, in a registry of their own."""
+
+    def __init__(self, registry: Any = None) -> None:
+        self.enabled = AVAILABLE
+        if not self.enabled:
+            return
+        self.registry = registry or CollectorRegistry()
+        self.closes = Counter("order_timeout_closes", "Claimed orders by what became of them.",
+                              ["outcome"], registry=self.registry)
+        self.lateness = Histogram(
+            "order_timeout_close_lateness_seconds",
+            "Seconds from an order's deadline to the commit of its close.",
+            buckets=LATENESS_BUCKETS, registry=self.registry)
+        self.claim_duration = Histogram("order_timeout_claim_duration_seconds",
+                                        "Seconds one claim took (a Redis round trip).",
+                                        buckets=DURATION_BUCKETS, registry=self.registry)
+        self.close_duration = Histogram("order_timeout_close_duration_seconds",
+                                        "Seconds one batch took to close, from claim to ack.",
+                                        buckets=DURATION_BUCKETS, registry=self.registry)
+        self.batch_size = Histogram("order_timeout_batch_size", "Members per claimed batch.",
+                                    buckets=SIZE_BUCKETS, registry=self.registry)
+        self.retries = Counter("order_timeout_retries", "Failed closes given another try later.",
+                               registry=self.registry)
+        self.dead_letters = Counter("order_timeout_dead_letters_written",
+                                    "Orders written as dead letters.", registry=self.registry)
+        self.errors = Counter("order_timeout_errors", "Batches that failed on Redis or the database.",
+                              ["kind"], registry=self.registry)
+        for outcome in OUTCOMES:
+            self.closes.labels(outcome)
+        for kind in ("redis", "database"):
+            self.errors.labels(kind)
+
+    def claimed(self, seconds: float, size: int) -> None:
+        if self.enabled and size:
+            self.claim_duration.observe(seconds)
+            self.batch_size.observe(size)
+
+    def batch(self, counts: dict[str, int], seconds: float, lateness: Iterable[float]) -> None:
+        if not self.enabled:
+            return
+        for outcome, count in counts.items():
+            if count:
+                self.closes.labels(outcome).inc(count)
+        self.close_duration.observe(seconds)
+        for late in lateness:
+            self.lateness.observe(max(late, 0.0))
+        if counts.get("failed"):
+            self.retries.inc(counts["failed"] - counts.get("dead_lettered", 0))
+        if counts.get("dead_lettered"):
+            self.dead_letters.inc(counts["dead_lettered"])
+
+    def error(self, kind: str) -> None:
+        if self.enabled:
+            self.errors.labels(kind).inc()
+
+    def serve(self, port: int, address: str = "") -> None:
+        """Serve this registry and the backlog on ``port`` (a thread of its own)."""
+        if not self.enabled:
+            raise RuntimeError("--metrics-port needs prometheus-client: pip install "
+                               "'django-order-timeout[metrics]'")
+        self.registry.register(BacklogCollector())
+        start_http_server(port, addr=address, registry=self.registry)
+
+
+class BacklogCollector:
+    """The backlog gauges, read at scrape time (one pipelined round trip per shard, two small queries)."""
+
+    def collect(self) -> Iterator[Any]:
+        from django.db import close_old_connections
+
+        from .codec import now_score
+        from .exceptions import OrderTimeoutError
+        from .models import DeadLetter
+        from .queue import TimeoutQueue
+
+        now = timezone.now()
+        close_old_connections()
+        try:
+            queue = TimeoutQueue.from_settings()
+            per_shard = queue.shard_stats(now_score(now))
+            drift = queue.last_drift()
+        except OrderTimeoutError as exc:
+            logger.warning("metrics: cannot read the queue (%s)", exc)
+            per_shard, drift = {}, None
+        gauges = {
+            "order_timeout_pending": ("Members waiting for their deadline, per shard.", "pending"),
+            "order_timeout_due": ("Members past their deadline not claimed yet.", "due"),
+            "order_timeout_leased": ("Members claimed by a consumer now.", "leased"),
+            "order_timeout_expired_leases": ("Leases that ran out (their consumer died).",
+                                             "expired_leases"),
+            "order_timeout_busy": ("Members whose row another transaction kept locked.", "busy"),
+            "order_timeout_taken_over": ("Members taken over from a consumer that died with them.",
+                                         "taken_over"),
+        }
+        for name, (text, field) in gauges.items():
+            family = GaugeMetricFamily(name, text, labels=["shard"])
+            for shard, stats in per_shard.items():
+                family.add_metric([str(shard)], getattr(stats, field))
+            yield family
+        oldest = GaugeMetricFamily("order_timeout_oldest_due_age_seconds",
+                                   "How long the oldest due member has waited to be claimed.",
+                                   labels=["shard"])
+        for shard, stats in per_shard.items():
+            age = (now_score(now) - stats.oldest_due_ms) / 1000 if stats.oldest_due_ms else 0.0
+            oldest.add_metric([str(shard)], age)
+        yield oldest
+        yield GaugeMetricFamily("order_timeout_dead_letters", "Open dead letters waiting for staff.",
+                                value=DeadLetter.objects.filter(resolved_at__isnull=True).count())
+        if drift is not None:
+            yield GaugeMetricFamily(
+                "order_timeout_drift",
+                "Unpaid orders with a deadline the last beat run found missing from Redis.",
+                value=drift)
+        close_old_connections()
+
+
+def backlog_registry() -> Any:
+    """A registry with the backlog gauges only (for the Django view)."""
+    registry = CollectorRegistry()
+    registry.register(BacklogCollector())
+    return registry
