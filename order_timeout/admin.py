@@ -6,14 +6,13 @@ from collections import Counter
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db.models import Model, QuerySet
 from django.core.exceptions import PermissionDenied
+from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.translation import gettext_lazy as _
-from django.utils.translation import ngettext
+from django.utils.translation import gettext_lazy as _, ngettext
 
 from . import deadletters, get_order_model, overview
 from .exceptions import QueueUnavailable
@@ -26,7 +25,7 @@ class OverdueFilter(admin.SimpleListFilter):
     title = _("deadline")
     parameter_name = "deadline"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
         return [("overdue", _("Unpaid and overdue")), ("running", _("Unpaid, deadline ahead")),
                 ("none", _("Unpaid, no deadline"))]
 
@@ -106,7 +105,7 @@ class ResolvedFilter(admin.SimpleListFilter):
     title = _("resolved")
     parameter_name = "resolved"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
         return [("no", _("Open")), ("yes", _("Resolved"))]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> QuerySet[DeadLetter]:

@@ -22,7 +22,7 @@ def check_redis_alias(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
             hint="Add a django-redis cache under that alias, or point REDIS_ALIAS at one.",
             id="order_timeout.E001",
         )]
-    backend = caches[alias].get("BACKEND", "")
+    backend = str(caches[alias].get("BACKEND", ""))
     if not backend.startswith("django_redis."):
         return [checks.Error(
             f"CACHES[{alias!r}] uses {backend!r}; the order timeout queue needs django-redis.",

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import Error as DatabaseError
-from django.db import OperationalError, connections, router, transaction
+from django.db import Error as DatabaseError, OperationalError, connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.transaction import TransactionManagementError
 
@@ -102,8 +101,9 @@ def close_expired(
         except _CloseCarefully as refusal:
             if stopping():
                 raise _Stopped from refusal
-            return _retrying_lock_conflicts(
-                connection, lambda: _close_batch(model, pks, using, refused=refusal.refused), stopping)
+            refused = refusal.refused
+        return _retrying_lock_conflicts(
+            connection, lambda: _close_batch(model, pks, using, refused=refused), stopping)
 
     try:
         return attempt(pks)
@@ -231,27 +231,31 @@ def _close_batch(model: type[TimeoutOrderMixin], pks: Sequence[Any], using: str,
         absent = [pk for pk in pks if pk not in rows]
         busy = set(manager.filter(pk__in=absent).values_list("pk", flat=True)) if absent else set()
         due: list[TimeoutOrderMixin] = []
+        due_deadlines: list[tuple[TimeoutOrderMixin, datetime]] = []
         for pk in pks:
             order = rows.get(pk)
             if pk in busy:
                 outcome.busy.append(pk)
             elif order is None:
                 outcome.missing.append(pk)
-            elif not order.awaits_payment:
+            elif not order.awaits_payment or order.expires_at is None:
                 # Settled, or its deadline was taken away: nothing to close.
                 outcome.settled.append(pk)
             elif now is None or order.expires_at > now:
                 outcome.not_due[pk] = order.expires_at
             else:
                 due.append(order)
-        due_deadlines = [(order, order.expires_at) for order in due]
-        if due and refused is None:
+                due_deadlines.append((order, order.expires_at))
+        if not due:
+            return outcome
+        assert now is not None  # a row was locked, so the database's clock was read
+        if refused is None:
             try:
                 _close(manager, due, now)
             except _ReceiverFailed as failure:
                 if _connection_broken(using) or is_lock_conflict(failure.error) or \
                         _connection_lost(using, failure.error):
-                    raise failure.error from None
+                    raise failure.error
                 raise _CloseCarefully({failure.order.pk: failure.error}) from failure.error
             outcome.closed.extend(order.pk for order in due)
             outcome.deadlines.update((order.pk, deadline) for order, deadline in due_deadlines)
@@ -265,7 +269,7 @@ def _close_batch(model: type[TimeoutOrderMixin], pks: Sequence[Any], using: str,
                     _close(manager, due, now)
             except _ReceiverFailed as failure:
                 if _connection_broken(using) or is_lock_conflict(failure.error):
-                    raise failure.error from None
+                    raise failure.error
                 # This order's try has failed; the rest of the batch goes on.
                 outcome.failed[failure.order.pk] = failure.error
                 rest = [order for order in due if order is not failure.order]
@@ -314,7 +318,7 @@ def _close_one_by_one(manager: Any, due: list[TimeoutOrderMixin], now: datetime,
         except Exception as exc:
             error = exc.error if isinstance(exc, _ReceiverFailed) else exc
             if _connection_broken(using) or is_lock_conflict(error):
-                raise error from None
+                raise error
             outcome.failed[order.pk] = error
         else:
             outcome.closed.append(order.pk)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from datetime import datetime, timezone as dt_timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import Error as DatabaseError, connections
@@ -42,7 +42,7 @@ def database_now(using: str) -> datetime:
     with connection.cursor() as cursor:
         cursor.execute(sql)
         value = cursor.fetchone()[0]
-    return timezone.make_aware(value, dt_timezone.utc) if timezone.is_naive(value) else value
+    return timezone.make_aware(value, UTC) if timezone.is_naive(value) else value
 
 
 def limit_session(connection: BaseDatabaseWrapper, seconds: float) -> None:
@@ -56,7 +56,7 @@ def limit_session(connection: BaseDatabaseWrapper, seconds: float) -> None:
         if connection.vendor == "postgresql":
             cursor.execute(f"SET idle_in_transaction_session_timeout = '{whole}s'")
             cursor.execute(f"SET statement_timeout = '{whole}s'")
-        elif connection.vendor == "mysql" and connection.mysql_is_mariadb:
+        elif connection.vendor == "mysql" and getattr(connection, "mysql_is_mariadb", False):
             cursor.execute(f"SET SESSION idle_transaction_timeout = {whole}, "
                            f"max_statement_time = {whole}")
         elif connection.vendor == "mysql":

@@ -18,8 +18,8 @@ from django.apps import apps
 from django.db import router, transaction
 
 from .closing import close_expired
-from .exceptions import QueueUnavailable
 from .codec import deadline_score, order_member
+from .exceptions import QueueUnavailable
 from .models import DeadLetter, TimeoutOrderMixin
 from .queue import TimeoutQueue
 
@@ -125,6 +125,7 @@ def requeue(letters: Iterable[DeadLetter], user: Any, now: datetime,
                     if _resolve(letter, DeadLetter.Resolution.SETTLED, user, now):
                         counts["settled"] += 1
                 elif _resolve(letter, DeadLetter.Resolution.REQUEUED, user, now):
+                    assert order.expires_at is not None  # awaits_payment
                     deadlines[order_member(model, order.pk)] = deadline_score(order.expires_at)
                     counts["requeued"] += 1
             queue.schedule(deadlines)

@@ -91,6 +91,10 @@ class TimeoutOrderMixin(models.Model):
     closed_at = models.DateTimeField(_("closed at"), null=True, blank=True)
     close_reason = models.CharField(_("close reason"), max_length=32, blank=True, default="")
 
+    # (status, deadline) as this copy last read or wrote them, and as Redis was last told.
+    _db_state: tuple[Any, Any]
+    _queue_state: tuple[Any, Any]
+
     class Meta:
         abstract = True
         # The compensation scan and the admin's "overdue" view walk this index.

@@ -69,6 +69,8 @@ def recent_lateness(model: type[TimeoutOrderMixin], now: datetime) -> list[Minut
             .order_by("-expires_at").values_list("expires_at", "closed_at")[:MOST_CLOSES])
     by_minute: dict[datetime, list[float]] = {}
     for expires_at, closed_at in rows:
+        if closed_at is None or expires_at is None:
+            continue
         minute = closed_at.replace(second=0, microsecond=0)
         by_minute.setdefault(minute, []).append(max((closed_at - expires_at).total_seconds(), 0.0))
     return [MinuteOfCloses(minute, len(late), _quantile(late, 0.5), _quantile(late, 0.99), max(late))
@@ -97,7 +99,7 @@ def lateness_svg(minutes: list[MinuteOfCloses], width: int = 640, height: int = 
 
     dots = format_html_join(
         "", '<circle cx="{}" cy="{}" r="2.5" fill="{}"><title>{}: {} {}</title></circle>',
-        [(*("{:.1f}".format(v) for v in xy(m, attribute)), colour, m.minute.strftime("%H:%M"), name,
+        [(*(f"{v:.1f}" for v in xy(m, attribute)), colour, m.minute.strftime("%H:%M"), name,
           _seconds(getattr(m, attribute)))
          for m in minutes for attribute, colour, name in (("p50_s", "#417690", "p50"),
                                                           ("p99_s", "#ba2121", "p99"))])

@@ -12,7 +12,7 @@ moved once its lease runs out; the reshard waits for that.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -43,7 +43,7 @@ class Reshard:
         self.old = TimeoutQueue(self.new.client, self.new.prefix, old_shards)
         self.dry_run = dry_run
         self.wait_seconds = settings.LEASE_SECONDS + 5 if wait_seconds is None else wait_seconds
-        self.clock_ms = clock_ms or (lambda: now_score_now())
+        self.clock_ms = clock_ms or now_score_now
         self.result = ReshardResult(old_shards, len(self.new.shards), dry_run=dry_run)
 
     def run(self) -> ReshardResult:
@@ -81,7 +81,7 @@ class Reshard:
     def _leaves(self, source: Shard, member: str) -> bool:
         return self.new.shard_for(member).keys.tag != source.keys.tag
 
-    def _move(self, source: Shard, where: dict[str, tuple[int | None, int | None]], now: int) -> None:
+    def _move(self, source: Shard, where: Mapping[str, tuple[int | None, int | None]], now: int) -> None:
         leaving = {member: place for member, place in where.items() if self._leaves(source, member)}
         if not leaving:
             return
@@ -90,9 +90,7 @@ class Reshard:
             return
         state = self._state(source, list(leaving))
         for target, part in self.new.by_shard(leaving).items():
-            # A lease that ran out comes back due: it was due when it was claimed.
-            target.schedule({m: leaving[m][0] if leaving[m][0] is not None else now for m in part},
-                            only_missing=True)
+            target.schedule({m: _due(leaving[m][0], now) for m in part}, only_missing=True)
             self._copy_state(target, {m: state[m] for m in part})
         args: list[Any] = [now]
         for member, (score, lease) in leaving.items():
@@ -109,8 +107,8 @@ class Reshard:
             pipe.hmget(keys.takeovers, members)
             pipe.zmscore(keys.busy, members)
             attempts, first, takeovers, busy = pipe.execute()
-        return {member: state for member, *state in zip(members, attempts, first, takeovers, busy,
-                                                         strict=True)}
+        return {member: (count, since, taken, locked) for member, count, since, taken, locked
+                in zip(members, attempts, first, takeovers, busy, strict=True)}
 
     def _copy_state(self, target: Shard, state: dict[str, tuple[Any, ...]]) -> None:
         keys = target.keys
@@ -126,6 +124,11 @@ class Reshard:
                 if busy is not None:
                     pipe.zadd(keys.busy, {member: busy}, nx=True)
             pipe.execute()
+
+
+def _due(score: int | None, now: int) -> int:
+    """A lease that ran out comes back due: it was due when it was claimed."""
+    return now if score is None else score
 
 
 def now_score_now() -> int:

@@ -6,6 +6,7 @@ REDIS_URL (default: redis://127.0.0.1:6379/0) from the environment.
 
 import os
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 
@@ -94,7 +95,7 @@ if os.environ.get("REDIS_CLUSTER_URL"):
                     "SOCKET_CONNECT_TIMEOUT": 1, "SOCKET_TIMEOUT": 2},
     }
 
-ORDER_TIMEOUT = {
+ORDER_TIMEOUT: dict[str, Any] = {
     "KEY_PREFIX": os.environ.get("ORDER_TIMEOUT_KEY_PREFIX", "order_timeout"),
     # Tests run the core behaviours against the app's Order and the shop's own ShopOrder.
     "ORDER_MODEL": os.environ.get("ORDER_TIMEOUT_ORDER_MODEL", "order_timeout.Order"),

@@ -151,10 +151,12 @@ def make_order(clock: Clock, order_model: type[TimeoutOrderMixin]) -> Callable[.
 def database_url() -> str:
     """DATABASE_URL of the test database, for consumers run as separate processes."""
     s = connection.settings_dict
-    if connection.vendor != "mysql":
-        raise RuntimeError("Process tests need the MariaDB test database (see README).")
+    scheme, port = {"mysql": ("mysql", 3306), "postgresql": ("postgres", 5432)}.get(
+        connection.vendor, (None, None))
+    if scheme is None:
+        raise RuntimeError("Process tests need the MariaDB or PostgreSQL test database (see README).")
     user, password = quote(s["USER"] or ""), quote(s["PASSWORD"] or "")
-    return f"mysql://{user}:{password}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 3306}/{s['NAME']}"
+    return f"{scheme}://{user}:{password}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or port}/{s['NAME']}"
 
 
 class ConsumerProcess:

@@ -106,3 +106,39 @@ def lose_redis_data(queue: Any) -> None:
         queue.client.flushall(target_nodes=RedisCluster.PRIMARIES)
     else:
         queue.client.flushdb()
+
+
+# -- the few statements that differ between MariaDB and PostgreSQL ---------------------------
+
+
+def end_own_session() -> None:
+    """The server ends this thread's database session, as a DBA's KILL or a crash would."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        else:
+            cursor.execute("SELECT CONNECTION_ID()")
+            cursor.execute(f"KILL {int(cursor.fetchone()[0])}")
+
+
+def set_isolation_level(level: str) -> None:
+    """This thread's next transactions run at ``level`` ("READ COMMITTED", "REPEATABLE READ")."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL {level}")
+        else:
+            cursor.execute(f"SET SESSION TRANSACTION ISOLATION LEVEL {level}")
+
+
+def rename_table(old: str, new: str) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(f"ALTER TABLE {old} RENAME TO {new}")
+        else:
+            cursor.execute(f"RENAME TABLE {old} TO {new}")

@@ -20,7 +20,7 @@ from order_timeout.signals import order_expired
 from testproject.shop.models import Expiry
 
 from .conftest import PROJECT_ROOT, both_redis, database_url
-from .helpers import expiries, hash_size, keys_for, lose_redis_data, pending_count, score_of
+from .helpers import expiries, keys_for, lose_redis_data, pending_count, score_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -274,8 +274,10 @@ def test_scan_never_runs_the_receivers_of_an_order_in_retry_backoff(make_order, 
 
 def test_scan_closes_an_order_whose_retry_no_consumer_took_within_the_grace(make_order, queue, clock):
     order = make_order(in_seconds=-600)
-    queue.client.zadd(keys_for(queue, str(order.pk)).pending, {str(order.pk): now_score(clock()) - 200_000})
-    queue.client.hset(keys_for(queue, str(order.pk)).attempts, str(order.pk), 1)  # its retry came due 200 s ago
+    member = str(order.pk)
+    # Its retry came due 200 s ago, and no consumer took it.
+    queue.client.zadd(keys_for(queue, member).pending, {member: now_score(clock()) - 200_000})
+    queue.client.hset(keys_for(queue, member).attempts, member, 1)
 
     result = compensate()
 

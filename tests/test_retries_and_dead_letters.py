@@ -7,17 +7,16 @@ from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
-from django.db import connection
-from django.utils import timezone
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
+from django.utils import timezone
 
 from order_timeout.codec import now_score
 from order_timeout.models import DeadLetter, Order
 from order_timeout.signals import order_expired
 from testproject.shop.models import Expiry
 
-from .helpers import hash_size, keys_for, leased_members, pending_count, score_of
+from .helpers import hash_size, keys_for, leased_members, pending_count, rename_table, score_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -332,10 +331,8 @@ def test_a_dead_letter_that_cannot_be_written_goes_back_on_the_queue_a_last_dela
 def broken_dead_letter_table():
     """Writing a dead letter fails with a real database error: its table is away for a while."""
     table = DeadLetter._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(f"RENAME TABLE {table} TO {table}_away")
+    rename_table(table, f"{table}_away")
     try:
         yield
     finally:
-        with connection.cursor() as cursor:
-            cursor.execute(f"RENAME TABLE {table}_away TO {table}")
+        rename_table(f"{table}_away", table)

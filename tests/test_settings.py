@@ -7,10 +7,9 @@ import sys
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
-
-from order_timeout import get_order_model
 from django_redis import get_redis_connection
 
+from order_timeout import get_order_model
 from order_timeout.checks import (
     check_dedicated_alias,
     check_grace,
@@ -19,8 +18,7 @@ from order_timeout.checks import (
     check_use_tz,
     version_messages,
 )
-from order_timeout.conf import DEFAULTS
-from order_timeout.conf import settings as order_settings
+from order_timeout.conf import DEFAULTS, settings as order_settings
 from order_timeout.models import Order
 from testproject.shop.models import Purchase
 

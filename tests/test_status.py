@@ -19,7 +19,6 @@ from order_timeout.consumer import Consumer
 from order_timeout.models import DeadLetter, Order
 
 from .conftest import PROJECT_ROOT, both_models, both_redis, database_url
-
 from .helpers import claim_everywhere, claim_next, keys_for, score_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -178,7 +177,8 @@ def test_status_shows_a_row_locked_elsewhere_for_long_and_can_alert_on_it(make_o
         for _ in range(3):  # every claim a second later finds it locked again
             clock.advance(1)
             worker.run(once=True)
-        queue.client.zadd(keys_for(queue, str(order.pk)).busy, {str(order.pk): now_score(timezone.now()) - 90_000}, xx=True)
+        member = str(order.pk)  # as if the first of those claims was 90 s ago
+        queue.client.zadd(keys_for(queue, member).busy, {member: now_score(timezone.now()) - 90_000}, xx=True)
         numbers = status()
         with pytest.raises(CommandError, match="locked elsewhere for 9") as raised:
             status("--max-busy-age", "60")

@@ -1,25 +1,35 @@
-# Sourced by scripts/test and scripts/bench: install what is missing, start
-# MariaDB and Redis on loopback if they are not running, and install the
-# project with the extras in EXTRAS into the virtualenv VENV (made with PYTHON).
+# Sourced by scripts/test, scripts/bench and scripts/chaos: install what is
+# missing, start MariaDB, PostgreSQL, Redis and a Redis Cluster on loopback if
+# they are not running, and install the project with the extras in EXTRAS and
+# the dependency groups in DEP_GROUPS into the virtualenv VENV (made with PYTHON).
 # Idempotent: a second run skips everything already done.
 
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
-EXTRAS=${EXTRAS:-mysql,test,bench}
+EXTRAS=${EXTRAS:-mysql,postgresql,celery,metrics}
+DEP_GROUPS=${DEP_GROUPS:-test beat lint bench}
 REDIS_PORT=${REDIS_PORT:-6379}
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO="sudo"
 
 step() { printf '\n== %s\n' "$*"; }
+as_postgres() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else sudo -u postgres "$@"; fi; }
 
 missing=()
-for pkg in redis-server mariadb-server libmariadb-dev pkg-config; do
+for pkg in redis-server mariadb-server libmariadb-dev pkg-config postgresql; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   step "installing ${missing[*]}"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+# A headless browser for the admin page's browser test: worth trying, not worth failing for
+# (the test says why it skips when these are missing).
+if [ "${WITH_BROWSER:-1}" = 1 ] && ! dpkg -s chromium chromium-driver >/dev/null 2>&1; then
+  step "installing chromium and chromium-driver (the browser test)"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver >/dev/null \
+    || echo "could not install chromium: the browser test will be skipped"
 fi
 
 if ! mariadb-admin ping --silent >/dev/null 2>&1; then
@@ -30,6 +40,19 @@ fi
 if ! mariadb -h 127.0.0.1 -u root -e 'SELECT 1' >/dev/null 2>&1; then
   step "allowing root over TCP without a password (loopback test server only)"
   $SUDO mariadb -e "ALTER USER root@localhost IDENTIFIED VIA unix_socket OR mysql_native_password USING PASSWORD('')"
+fi
+
+PG_VERSION=$(ls /usr/lib/postgresql 2>/dev/null | sort -n | tail -1)
+if [ -n "$PG_VERSION" ] && ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
+  step "starting PostgreSQL $PG_VERSION"
+  $SUDO pg_ctlcluster "$PG_VERSION" main start
+  for _ in $(seq 50); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 0.2; done
+fi
+if [ -n "$PG_VERSION" ] && ! PGPASSWORD=order_timeout psql -h 127.0.0.1 -U order_timeout -d postgres \
+     -tAc 'SELECT 1' >/dev/null 2>&1; then
+  step "creating the PostgreSQL role order_timeout (loopback test server only)"
+  as_postgres psql -q -c "CREATE ROLE order_timeout LOGIN SUPERUSER PASSWORD 'order_timeout'" \
+    2>/dev/null || as_postgres psql -q -c "ALTER ROLE order_timeout LOGIN SUPERUSER PASSWORD 'order_timeout'"
 fi
 
 if ! redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
@@ -67,12 +90,15 @@ if [ "${START_CLUSTER:-1}" = 1 ] && \
   done
 fi
 
-stamp="$VENV/.installed-$(cat pyproject.toml | sha1sum | cut -c1-12)-${EXTRAS//,/-}-${DJANGO:-any}"
+stamp="$VENV/.installed-$(sha1sum pyproject.toml | cut -c1-12)-${EXTRAS//,/-}-${DEP_GROUPS// /-}-${DJANGO:-any}"
 if [ ! -f "$stamp" ]; then
   step "installing the project into $VENV ($("$PYTHON" --version))"
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]" ${DJANGO:+"Django$DJANGO"}
+  # 25.1 or later: dependency groups (--group).
+  "$VENV/bin/python" -m pip install -q --upgrade "pip>=25.1"
+  group_args=()
+  for group in $DEP_GROUPS; do group_args+=(--group "$group"); done
+  "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]" "${group_args[@]}" ${DJANGO:+"Django$DJANGO"}
   rm -f "$VENV"/.installed-*
   touch "$stamp"
 fi

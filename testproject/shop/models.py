@@ -68,7 +68,8 @@ class AbstractShopOrder(models.Model):
             raise InvalidOrderStatus(f"{old_status!r} cannot become {new_status!r}")
         self.status = new_status
         self.save()
-        OrderStatusChange.objects.create(order=self, old_status=old_status, new_status=new_status)
+        OrderStatusChange.objects.create(order=self, old_status=old_status,  # type: ignore[misc]
+                                         new_status=new_status)
 
 
 class ShopOrder(AbstractShopOrder, TimeoutOrderMixin):

@@ -80,8 +80,9 @@ class Command(BaseCommand):
         except OrderTimeoutError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(
-            f"Timeout consumer stopped: {stats.closed} closed, {stats.skipped_paid} skipped (paid or closed before), "
-            f"{stats.rescheduled} rescheduled, {stats.failed} failed, {stats.dead_lettered} dead-lettered, {stats.dropped} dropped."
+            f"Timeout consumer stopped: {stats.closed} closed, {stats.skipped_paid} skipped (paid or "
+            f"closed before), {stats.rescheduled} rescheduled, {stats.failed} failed, "
+            f"{stats.dead_lettered} dead-lettered, {stats.dropped} dropped, {stats.abandoned} given up."
         )
 
     def _configure_logging(self, verbosity: int) -> None:
