@@ -255,7 +255,7 @@ def _close_batch(model: type[TimeoutOrderMixin], pks: Sequence[Any], using: str,
             except _ReceiverFailed as failure:
                 if _connection_broken(using) or is_lock_conflict(failure.error) or \
                         _connection_lost(using, failure.error):
-                    raise failure.error
+                    raise failure.error from failure.error.__cause__  # keep the driver's error: it says why
                 raise _CloseCarefully({failure.order.pk: failure.error}) from failure.error
             outcome.closed.extend(order.pk for order in due)
             outcome.deadlines.update((order.pk, deadline) for order, deadline in due_deadlines)
@@ -269,7 +269,7 @@ def _close_batch(model: type[TimeoutOrderMixin], pks: Sequence[Any], using: str,
                     _close(manager, due, now)
             except _ReceiverFailed as failure:
                 if _connection_broken(using) or is_lock_conflict(failure.error):
-                    raise failure.error
+                    raise failure.error from failure.error.__cause__
                 # This order's try has failed; the rest of the batch goes on.
                 outcome.failed[failure.order.pk] = failure.error
                 rest = [order for order in due if order is not failure.order]
@@ -318,7 +318,7 @@ def _close_one_by_one(manager: Any, due: list[TimeoutOrderMixin], now: datetime,
         except Exception as exc:
             error = exc.error if isinstance(exc, _ReceiverFailed) else exc
             if _connection_broken(using) or is_lock_conflict(error):
-                raise error
+                raise error from error.__cause__
             outcome.failed[order.pk] = error
         else:
             outcome.closed.append(order.pk)
