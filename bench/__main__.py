@@ -45,7 +45,9 @@ def machine() -> dict[str, Any]:
 
     with connection.cursor() as cursor:
         cursor.execute("SELECT VERSION()")
-        mariadb = cursor.fetchone()[0]
+        version = str(cursor.fetchone()[0])
+    database = (f"PostgreSQL {version.split()[1]}" if connection.vendor == "postgresql"
+                else f"MariaDB {version}")
     memory = next((line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
                    if line.startswith("MemTotal")), "?")
     return {
@@ -53,7 +55,7 @@ def machine() -> dict[str, Any]:
         "memory_gib": round(int(memory) / 2**20, 1) if memory != "?" else None,
         "cpu": next((line.split(":", 1)[1].strip() for line in
                      Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "?"),
-        "mariadb": mariadb, "redis": get_redis_connection("default").info()["redis_version"],
+        "database": database, "redis": get_redis_connection("default").info()["redis_version"],
         "django": __import__("django").get_version(),
     }
 
@@ -65,6 +67,7 @@ def main(argv: list[str]) -> int:
     from django.conf import settings
     args = parse_args(argv)
     from django.core.management import call_command
+    from django_redis import get_redis_connection
 
     from . import report, workloads
     from .systems import SYSTEMS
@@ -76,6 +79,16 @@ def main(argv: list[str]) -> int:
     if not connection.settings_dict["NAME"].endswith("_bench") or os.environ.get("BENCH_OK") != "1":
         print("Refusing to run: use scripts/bench, which points the harness at databases of its "
               "own (a database name ending in _bench) and sets BENCH_OK=1.", file=sys.stderr)
+        return 2
+    from . import ownership
+
+    try:
+        ownership.claim(get_redis_connection("default"), f"Redis at {os.environ.get('REDIS_URL')}")
+        ownership.claim(workloads.broker_client(), f"Celery's broker at {os.environ.get('CELERY_BROKER_URL')}")
+        if "cluster" in settings.CACHES and not args.no_scale:
+            ownership.claim(get_redis_connection("cluster"), "the Redis Cluster")
+    except ownership.NotOurs as exc:
+        print(f"Refusing to run: {exc}", file=sys.stderr)
         return 2
     call_command("migrate", verbosity=0)
     args.out.mkdir(parents=True, exist_ok=True)

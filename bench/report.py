@@ -103,7 +103,8 @@ def _scale_lines(data: dict[str, Any]) -> list[str]:
 
 def _machine_line(data: dict[str, Any]) -> str:
     m = data["machine"]
-    return (f"Machine: {m['cpus']} CPUs ({m['cpu']}), {m['memory_gib']} GiB; MariaDB {m['mariadb']}, "
+    database = m.get("database") or f"MariaDB {m.get('mariadb')}"
+    return (f"Machine: {m['cpus']} CPUs ({m['cpu']}), {m['memory_gib']} GiB; database {database}, "
             f"Redis {m['redis']}, Python {m['python']}, Django {m['django']}; every server and "
             f"process on the same machine. Run took {data.get('elapsed_s', 0):.0f} s.")
 

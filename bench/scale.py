@@ -22,6 +22,7 @@ from order_timeout.codec import now_score
 from order_timeout.models import Order
 from order_timeout.queue import TimeoutQueue
 
+from .ownership import keep_mark
 from .recorder import read_commits
 from .systems import Ours
 from .workloads import make_orders, reset, script_names
@@ -47,6 +48,7 @@ def bulk_schedule(size: int) -> dict[str, Any]:
     client.config_set("slowlog-log-slower-than", 1000)
     client.config_set("slowlog-max-len", 128)
     client.flushdb()
+    keep_mark(client)
     return {"members": size, "seconds": round(elapsed, 2), "script_calls": len(calls),
             "slowest_call_ms": max(calls) / 1000 if calls else None,
             "median_call_ms": sorted(calls)[len(calls) // 2] / 1000 if calls else None}
@@ -86,7 +88,9 @@ def cluster_burst(shards: int, orders: int, record_dir: Path, cap_seconds: float
     with override_settings(ORDER_TIMEOUT=overrides):
         from redis.cluster import RedisCluster
 
-        get_redis_connection("cluster").flushall(target_nodes=RedisCluster.PRIMARIES)
+        cluster = get_redis_connection("cluster")
+        cluster.flushall(target_nodes=RedisCluster.PRIMARIES)
+        keep_mark(cluster)
         reset()
         system = OursOnCluster(record_dir, shards)
         system.start()
@@ -110,7 +114,8 @@ def cluster_burst(shards: int, orders: int, record_dir: Path, cap_seconds: float
             system.stop()
         commits = [at for pk, at in read_commits(record_dir) if pk >= created[0].pk]
         span = max(commits) - start.timestamp() if commits else None
-        get_redis_connection("cluster").flushall(target_nodes=RedisCluster.PRIMARIES)
+        cluster.flushall(target_nodes=RedisCluster.PRIMARIES)
+        keep_mark(cluster)
     return {"shards": shards, "orders": orders, "closed": len(commits),
             "closes_per_s": len(commits) / span if span else None,
             "drain_s": span if len(commits) == orders else None,

@@ -18,7 +18,8 @@ from order_timeout.models import Order
 from order_timeout.queue import TimeoutQueue
 from order_timeout.scheduling import order_saved
 
-from .measure import ClientCommands, Counters, redis_memory, rss_bytes, summary
+from .measure import ClientCommands
+from .ownership import Counters, keep_mark, redis_memory, rss_bytes, summary
 from .recorder import read_commits
 from .systems import System
 
@@ -51,12 +52,18 @@ def reset() -> None:
     """Empty the orders tables, the queue's Redis database and Celery's broker database."""
     from testproject.shop.models import OrderStatusChange, ShopOrder
 
+    tables = [model._meta.db_table for model in (Order, ShopOrder, OrderStatusChange)]
     with connection.cursor() as cursor:
-        cursor.execute("SET FOREIGN_KEY_CHECKS = 0")
-        for model in (Order, ShopOrder, OrderStatusChange):
-            cursor.execute(f"TRUNCATE TABLE {model._meta.db_table}")
-        cursor.execute("SET FOREIGN_KEY_CHECKS = 1")
-    get_redis_connection("default").flushdb()
+        if connection.vendor == "postgresql":
+            cursor.execute(f"TRUNCATE TABLE {', '.join(tables)} CASCADE")
+        else:
+            cursor.execute("SET FOREIGN_KEY_CHECKS = 0")
+            for table in tables:
+                cursor.execute(f"TRUNCATE TABLE {table}")
+            cursor.execute("SET FOREIGN_KEY_CHECKS = 1")
+    client = get_redis_connection("default")
+    client.flushdb()
+    keep_mark(client)
     flush_broker()
 
 
@@ -67,11 +74,18 @@ def _broker_backlog() -> int:
         return int(conn.default_channel.client.llen("bench_eta"))
 
 
-def flush_broker() -> None:
+def broker_client() -> Any:
+    from redis import Redis
+
     from .celery_eta import app
 
-    with app.connection_for_write() as conn:
-        conn.default_channel.client.flushdb()
+    return Redis.from_url(app.conf.broker_url)
+
+
+def flush_broker() -> None:
+    client = broker_client()
+    client.flushdb()
+    keep_mark(client)
 
 
 def make_orders(deadlines: list[datetime], model: Any = Order) -> list[Any]:
@@ -248,6 +262,7 @@ def claim_latency(sizes: Sizes, batch: int = 200, rounds: int = 30) -> dict[str,
     out: dict[str, Any] = {}
     for size in sizes.claim_sizes:
         client.flushdb()
+        keep_mark(client)
         for start in range(0, size, 10_000):
             queue.schedule({f"f{i}": far for i in range(start, min(size, start + 10_000))}, only_missing=True)
         client.config_resetstat()
@@ -262,6 +277,7 @@ def claim_latency(sizes: Sizes, batch: int = 200, rounds: int = 30) -> dict[str,
         stats = client.info("commandstats").get("cmdstat_evalsha", {})
         out[str(size)] = {"round_trip_ms": summary(timings), "server_us_per_call": stats.get("usec_per_call")}
     client.flushdb()
+    keep_mark(client)
     return out
 
 

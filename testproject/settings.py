@@ -132,3 +132,6 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {"order_timeout": {"handlers": ["console"], "level": "INFO"}},
 }
+if os.environ.get("LOGGING_SHOP_ONLY") == "1":
+    # A shop that configured its own logger and nothing else (the root has no handler).
+    LOGGING["loggers"] = {"shop": {"handlers": ["console"], "level": "INFO"}}

@@ -97,6 +97,7 @@ def every_master_has_a_replica(client: RedisCluster) -> bool:
     return len(replicas) >= 3
 
 
+@pytest.mark.slow
 def test_a_failover_of_the_master_holding_a_shard_heals_itself(redis_backend, queue, consumer_process,
                                                               order_model):
     """Consumers and their wake-ups ride through; nothing closes twice; every due order closes."""

@@ -284,6 +284,7 @@ def test_scan_closes_an_order_whose_retry_no_consumer_took_within_the_grace(make
     assert result.closed == 1 and Order.objects.get(pk=order.pk).status == "closed"
 
 
+@pytest.mark.slow
 def test_a_receiver_that_kills_the_scan_is_dead_lettered_and_the_rest_is_closed(make_order, queue):
     orders = [make_order(in_seconds=-600 - i) for i in range(6)]
     killer = orders[2]

@@ -23,7 +23,7 @@ from testproject.shop.models import Expiry
 from .conftest import Clock, both_models, both_redis, wait_for
 from .helpers import count_in, leased_members, pending_count
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 def due_orders(count: int, model: type = Order) -> list:
@@ -169,3 +169,14 @@ def test_once_processes_everything_due_then_exits(capsys):
 def test_bad_options_are_command_errors(args):
     with pytest.raises(CommandError, match=args[0]):
         call_command("run_timeout_consumer", "--once", *args)
+
+
+def test_the_command_logs_beside_a_shops_own_logging_and_never_twice(consumer_process, make_order):
+    """The shop configured its "shop" logger and no root handler; the command adds none to the root."""
+    make_order(in_seconds=-1)
+
+    code, out, err = consumer_process("--once", env={"LOGGING_SHOP_ONLY": "1"}).wait(timeout=60)
+
+    assert code == 0, err
+    assert err.count("shop: released the stock of order") == 1
+    assert "INFO order_timeout batch claimed=1 closed=1" in err  # the command's own handler

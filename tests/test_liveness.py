@@ -62,6 +62,7 @@ def test_a_base_exception_in_one_receiver_of_a_batch_of_50_fails_that_order_alon
     assert pending_count(queue) == 0 and leased_members(queue) == []
 
 
+@pytest.mark.slow
 @both_models
 def test_a_receiver_that_kills_its_consumer_is_dead_lettered_after_max_takeovers(
         consumer_process, make_order, order_model, queue):

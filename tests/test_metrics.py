@@ -52,6 +52,7 @@ def test_a_consumer_counts_its_closes_by_outcome_and_their_lateness(make_order, 
     assert value("order_timeout_batch_size_count") >= 1
 
 
+@pytest.mark.slow
 def test_the_consumer_serves_its_metrics_and_the_backlog_on_a_port(consumer_process, make_order):
     make_order(in_seconds=-1)
     make_order(in_seconds=600)

@@ -116,6 +116,7 @@ def test_tls(server, settings, make_order, certificates):
         close_one_order_through_the_queue(make_order)
 
 
+@pytest.mark.slow
 def test_sentinel_and_a_failover_the_consumer_rides_through(server, settings, make_order, tmp_path):
     primary = PrivateRedis()
     replica = PrivateRedis("--replicaof", "127.0.0.1", str(primary.port))

@@ -80,6 +80,7 @@ def test_crossed_threshold_is_a_command_error_with_exit_status_2(backlog, args, 
     assert raised.value.returncode == 2
 
 
+@pytest.mark.slow
 def test_manage_py_exits_2_when_a_threshold_is_crossed(backlog):
     result = subprocess.run(
         [sys.executable, "manage.py", "order_timeout_status", "--max-overdue", "0"],

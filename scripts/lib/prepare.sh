@@ -90,7 +90,8 @@ if [ "${START_CLUSTER:-1}" = 1 ] && \
   done
 fi
 
-stamp="$VENV/.installed-$(sha1sum pyproject.toml | cut -c1-12)-${EXTRAS//,/-}-${DEP_GROUPS// /-}-${DJANGO:-any}"
+stamp="$VENV/.installed-$(sha1sum pyproject.toml | cut -c1-12)-${EXTRAS//,/-}-${DEP_GROUPS// /-}-${DJANGO:-any}-${EXTRA_PACKAGES:-}"
+stamp=${stamp//[^A-Za-z0-9._\/=-]/_}
 if [ ! -f "$stamp" ]; then
   step "installing the project into $VENV ($("$PYTHON" --version))"
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
@@ -98,7 +99,8 @@ if [ ! -f "$stamp" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade "pip>=25.1"
   group_args=()
   for group in $DEP_GROUPS; do group_args+=(--group "$group"); done
-  "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]" "${group_args[@]}" ${DJANGO:+"Django$DJANGO"}
+  "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]" "${group_args[@]}" ${DJANGO:+"Django$DJANGO"} \
+    ${EXTRA_PACKAGES:-}
   rm -f "$VENV"/.installed-*
   touch "$stamp"
 fi

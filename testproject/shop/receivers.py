@@ -12,6 +12,7 @@ ends the process when that order's turn comes.
 timeout in the same commit.
 """
 
+import logging
 import os
 import time
 from pathlib import Path
@@ -21,11 +22,14 @@ from django.db.models import F
 
 from .models import Expiry, OrderStatusChange, StockRecord
 
+logger = logging.getLogger("shop")
+
 
 def record_expiry(sender: Any, order: Any, **kwargs: Any) -> None:
     if os.environ.get("SHOP_EXIT_ON_ORDER") == str(order.pk):
         os._exit(3)  # a receiver that takes its process down (out of memory, a C crash)
     Expiry.objects.create(order_id=str(order.pk), model=sender._meta.label)
+    logger.info("shop: released the stock of order %s", order.pk)
     stall_file = os.environ.get("SHOP_STALL_FILE")
     if stall_file:
         Path(stall_file).touch()
