@@ -55,7 +55,7 @@ def machine() -> dict[str, Any]:
         "memory_gib": round(int(memory) / 2**20, 1) if memory != "?" else None,
         "cpu": next((line.split(":", 1)[1].strip() for line in
                      Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "?"),
-        "database": database, "redis": get_redis_connection("default").info()["redis_version"],
+        "database": database, "redis": get_redis_connection("order_timeout").info()["redis_version"],
         "django": __import__("django").get_version(),
     }
 
@@ -83,7 +83,7 @@ def main(argv: list[str]) -> int:
     from . import ownership
 
     try:
-        ownership.claim(get_redis_connection("default"), f"Redis at {os.environ.get('REDIS_URL')}")
+        ownership.claim(get_redis_connection("order_timeout"), f"Redis at {os.environ.get('REDIS_URL')}")
         ownership.claim(workloads.broker_client(), f"Celery's broker at {os.environ.get('CELERY_BROKER_URL')}")
         if "cluster" in settings.CACHES and not args.no_scale:
             ownership.claim(get_redis_connection("cluster"), "the Redis Cluster")

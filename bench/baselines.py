@@ -42,7 +42,7 @@ def claim_seed_zset() -> int:
 
     from .closers import close_one
 
-    client = get_redis_connection("default")
+    client = get_redis_connection("order_timeout")
     script = client.register_script(
         resources.files("bench").joinpath("lua", "seed_claim.lua").read_text())
     members = script(keys=[SEED_KEY], args=[int(time.time() * 1000), SEED_LIMIT])

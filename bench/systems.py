@@ -182,21 +182,21 @@ class SeedZset(System):
                 for _ in range(self.processes)]
 
     def enqueue(self, orders: Sequence[Order]) -> None:
-        client = get_redis_connection("default")
+        client = get_redis_connection("order_timeout")
         for start in range(0, len(orders), CHUNK):
             client.zadd(SEED_KEY, {str(o.pk): deadline_score(o.expires_at)
                                    for o in orders[start:start + CHUNK]})
 
     def enqueue_on_commit(self, order: Order) -> None:
-        client = get_redis_connection("default")
+        client = get_redis_connection("order_timeout")
         transaction.on_commit(
             lambda: client.zadd(SEED_KEY, {str(order.pk): deadline_score(order.expires_at)}))
 
     def forget_far_future(self) -> None:
-        get_redis_connection("default").delete(SEED_KEY)
+        get_redis_connection("order_timeout").delete(SEED_KEY)
 
     def hold_far_future(self, count: int) -> None:
-        client = get_redis_connection("default")
+        client = get_redis_connection("order_timeout")
         score = deadline_score(_in_an_hour())
         for start in range(FAKE_PK, FAKE_PK + count, CHUNK):
             client.zadd(SEED_KEY, {str(pk): score for pk in range(start, min(start + CHUNK, FAKE_PK + count))})

@@ -61,7 +61,7 @@ def reset() -> None:
             for table in tables:
                 cursor.execute(f"TRUNCATE TABLE {table}")
             cursor.execute("SET FOREIGN_KEY_CHECKS = 1")
-    client = get_redis_connection("default")
+    client = get_redis_connection("order_timeout")
     client.flushdb()
     keep_mark(client)
     flush_broker()
@@ -118,7 +118,7 @@ class Phase:
 
 def idle(system: System, sizes: Sizes) -> dict[str, Any]:
     """Nothing due, many pending: what the closers cost while they wait."""
-    client = get_redis_connection("default")
+    client = get_redis_connection("order_timeout")
     count = sizes.celery_idle if system.memory == "worker" else sizes.idle
     memory, rss = redis_memory(client), sum(rss_bytes(pid) for pid in system.pids())
     system.hold_far_future(count)
@@ -159,7 +159,7 @@ def timed(system: System, kind: str, offsets: list[float], sizes: Sizes) -> Phas
     phase.production_s = time.monotonic() - began
     phase.production_overran_s = max(0.0, (timezone.now() - start).total_seconds())
 
-    client = get_redis_connection("default")
+    client = get_redis_connection("order_timeout")
     client.config_set("slowlog-log-slower-than", 1000)
     client.config_set("slowlog-max-len", 100_000)  # keep every slow call, not the last 128
     client.slowlog_reset()

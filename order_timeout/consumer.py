@@ -236,18 +236,30 @@ class Consumer:
             yield batch
 
     def _bury_taken_over(self, claim: Claim, now: datetime) -> BatchReport:
-        """A member whose consumers kept dying with it: a dead letter, not another try."""
+        """A member whose consumers kept dying with it: a dead letter, not another try.
+
+        Unless its row is settled already: a holder that overran its lease may
+        still have committed the close (or the shop took the payment), and a
+        dead letter would send staff after an order that needs nobody.
+        """
         member = claim.members[0]
-        error = RepeatedTakeover(
-            f"Its consumer died, froze or overran LEASE_SECONDS with it {claim.takeovers} times "
-            "(a receiver that exits the process, runs out of memory or hangs?); not tried again.")
-        logger.error("order=%s taken over %d times: dead-lettered without another try.",
-                     member, claim.takeovers)
         try:
             pk = parse_member(self.model, member)
         except ValueError:
             self.queue.ack(claim.token, [member])
             return BatchReport(claimed=1, dropped=1)
+        manager = self.model._base_manager.db_manager(self.using)
+        row = manager.filter(pk=pk).values_list(self.model.TIMEOUT_STATUS_FIELD, flat=True).first()
+        if row is None or row not in self.model.TIMEOUT_UNPAID_STATUSES:
+            self.queue.ack(claim.token, [member])
+            logger.info("order=%s taken over %d times, but %s: let go.", member, claim.takeovers,
+                        "gone" if row is None else "settled already")
+            return BatchReport(claimed=1, dropped=int(row is None), skipped_paid=int(row is not None))
+        error = RepeatedTakeover(
+            f"Its consumer died, froze or overran LEASE_SECONDS with it {claim.takeovers} times "
+            "(a receiver that exits the process, runs out of memory or hangs?); not tried again.")
+        logger.error("order=%s taken over %d times: dead-lettered without another try.",
+                     member, claim.takeovers)
         buried = self._record_dead_letters(
             claim.token, [Failure(pk, claim.takeovers, now_score(now), error)], {pk: member}, now)
         return BatchReport(claimed=1, dead_lettered=buried)

@@ -78,7 +78,11 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CACHES = {
-    "default": {
+    # The shop's own cache. The queue never shares it: a cache.clear() would wipe
+    # every pending deadline (check order_timeout.W005).
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    # The queue's alias: a Redis database nothing else writes to.
+    "order_timeout": {
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": REDIS_URL,
         "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient",
@@ -96,6 +100,7 @@ if os.environ.get("REDIS_CLUSTER_URL"):
     }
 
 ORDER_TIMEOUT: dict[str, Any] = {
+    "REDIS_ALIAS": "order_timeout",
     "KEY_PREFIX": os.environ.get("ORDER_TIMEOUT_KEY_PREFIX", "order_timeout"),
     # Tests run the core behaviours against the app's Order and the shop's own ShopOrder.
     "ORDER_MODEL": os.environ.get("ORDER_TIMEOUT_ORDER_MODEL", "order_timeout.Order"),

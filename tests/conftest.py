@@ -39,7 +39,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(autouse=True)
 def redis_client() -> Iterator[Any]:
     """The queue's Redis, emptied before each test."""
-    client = get_redis_connection("default")
+    client = get_redis_connection("order_timeout")
     client.flushdb()
     yield client
     client.flushdb()

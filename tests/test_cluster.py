@@ -68,12 +68,19 @@ def restart_node(port: int) -> None:
                     "--dir", str(directory), "--cluster-enabled", "yes", "--cluster-config-file",
                     "nodes.conf", "--cluster-node-timeout", "2000", "--save", "", "--appendonly", "no",
                     "--logfile", str(directory / "redis.log")], check=True)
-    wait_for(lambda: Redis(port=port).info("replication").get("master_link_status") == "up",
-             timeout=30)
+    wait_for(lambda: replication(port).get("master_link_status") == "up", timeout=30)
     # Every node has heard that it is a replica now: nobody sends it writes any more.
     wait_for(lambda: all("slave" in line.split()[2].split(",")
                          for other in cluster_ports() for line in cluster_nodes(other)
                          if f"127.0.0.1:{port}@" in line), timeout=30)
+
+
+def replication(port: int) -> dict:
+    """The node's INFO replication, or nothing while it is still starting."""
+    try:
+        return Redis(port=port).info("replication")
+    except ConnectionError:
+        return {}
 
 
 def cluster_ports() -> list[int]:

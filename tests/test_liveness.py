@@ -11,13 +11,25 @@ import pytest
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
+from order_timeout.codec import now_score
+from order_timeout.conf import settings as order_settings
 from order_timeout.consumer import Consumer
 from order_timeout.exceptions import OrderClosed
 from order_timeout.models import DeadLetter, Order
 from order_timeout.signals import order_expired
 
 from .conftest import both_models, running, wait_for
-from .helpers import count_in, expiries, keys_for, leased_members, pending_count, set_isolation_level, state
+from .helpers import (
+    claim_everywhere,
+    count_in,
+    expiries,
+    keys_for,
+    leased_members,
+    pending_count,
+    set_isolation_level,
+    set_state,
+    state,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -98,6 +110,25 @@ def test_a_member_taken_over_once_is_claimed_alone(consumer, make_order, queue, 
 
     assert (first.members, first.takeovers) == ([tainted], 1)
     assert sorted(second.members) == sorted(str(o.pk) for o in orders[1:])
+
+
+@both_models
+@pytest.mark.parametrize("settled_as", ["closed", "paid"])
+def test_an_order_settled_before_its_last_takeover_is_let_go_without_a_dead_letter(
+        consumer, make_order, order_model, queue, clock, settled_as):
+    """A holder that overran its lease may still have committed the close: no dead letter for it."""
+    order = make_order(in_seconds=-1)
+    member = str(order.pk)
+    queue.client.hset(keys_for(queue, member).takeovers, member, order_settings.MAX_TAKEOVERS)
+    # Its last holder overran the lease, yet its commit went through.
+    claim_everywhere(queue, now_score(clock()), 1, now_score(clock()) - 1, "a-consumer-that-overran")
+    set_state(order, settled_as)
+
+    stats = consumer().run(once=True)
+
+    assert (stats.dead_lettered, DeadLetter.objects.count()) == (0, 0)
+    assert state(order) == settled_as and expiries(order) == 0
+    assert pending_count(queue) == 0 and leased_members(queue) == []
 
 
 # -- bounded row locks -----------------------------------------------------------------

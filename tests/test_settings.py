@@ -6,7 +6,9 @@ import subprocess
 import sys
 
 import pytest
+from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
 from django_redis import get_redis_connection
 
 from order_timeout import get_order_model
@@ -25,8 +27,17 @@ from testproject.shop.models import Purchase
 from .conftest import PROJECT_ROOT
 
 
-def test_defaults_apply_when_the_setting_is_absent(settings):
-    del settings.ORDER_TIMEOUT
+@pytest.fixture
+def no_order_timeout_setting():
+    # Deleting a setting sends no setting_changed: drop the cached values by hand, both ways.
+    with override_settings():
+        del django_settings.ORDER_TIMEOUT
+        order_settings.reload()
+        yield
+    order_settings.reload()
+
+
+def test_defaults_apply_when_the_setting_is_absent(no_order_timeout_setting):
 
     assert order_settings.load() == DEFAULTS
     assert order_settings.BATCH_SIZE == 200
@@ -102,7 +113,8 @@ def test_check_reports_a_redis_alias_missing_from_caches(settings):
 
 
 def test_check_reports_a_cache_that_is_not_django_redis(settings):
-    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    settings.CACHES = {**settings.CACHES,
+                       "order_timeout": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
     assert [e.id for e in check_redis_alias()] == ["order_timeout.E002"]
 
@@ -114,7 +126,7 @@ def test_check_requires_use_tz(settings):
 
 
 def test_checks_pass_on_the_test_project():
-    assert check_redis_alias() == [] and check_use_tz() == []
+    assert check_redis_alias() == [] and check_use_tz() == [] and check_dedicated_alias() == []
 
 
 @pytest.mark.django_db
@@ -125,8 +137,8 @@ def test_migrations_match_the_models():
 
 
 def test_check_warns_when_the_queues_alias_has_no_socket_timeouts(settings):
-    settings.CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache",
-                                   "LOCATION": "redis://127.0.0.1:6379/9"}}
+    settings.CACHES = {**settings.CACHES, "order_timeout": {"BACKEND": "django_redis.cache.RedisCache",
+                                                            "LOCATION": "redis://127.0.0.1:6379/9"}}
 
     messages = check_redis_alias()
 
@@ -154,8 +166,8 @@ def test_check_warns_when_the_queue_shares_the_shops_default_cache(settings):
 
 
 def test_check_warns_when_the_queues_alias_points_at_the_default_caches_database(settings):
-    location = settings.CACHES["default"]["LOCATION"]
-    settings.CACHES = {**settings.CACHES, "queue": {**settings.CACHES["default"], "LOCATION": location}}
+    queue = settings.CACHES["order_timeout"]
+    settings.CACHES = {"default": {**queue}, "queue": {**queue}}
     settings.ORDER_TIMEOUT = {"REDIS_ALIAS": "queue"}
 
     assert [m.id for m in check_dedicated_alias()] == ["order_timeout.W005"]
