@@ -77,7 +77,7 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-CACHES = {
+CACHES: dict[str, dict[str, Any]] = {
     # The shop's own cache. The queue never shares it: a cache.clear() would wipe
     # every pending deadline (check order_timeout.W005).
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
