@@ -1,0 +1,86 @@
+"""How late a close may be, by path: the bounds of docs/design.md ("How late can a close be").
+
+Each bound is the sum of the settings that make it up, plus ``SLACK`` for
+what no setting covers on a busy 2-core machine (scheduling, a process
+starting, a batch ahead in the queue). Some run from the deadline (faults the
+consumers heal by themselves: a death, a failing receiver); the others from
+the later of the deadline and the moment the fault healed (an outage ended,
+Redis came back).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from order_timeout.consumer import ERROR_BACKOFF_FIRST, ERROR_BACKOFF_MAX
+
+from .tuning import Tuning
+
+# Seconds of scheduling and start-up noise on the harness's 2-core machine.
+SLACK = 3.0
+# The normal path: a consumer running, the member in Redis.
+NORMAL = 2.0
+
+
+@dataclass(frozen=True)
+class Bound:
+    path: str
+    seconds: float
+    # The sum, in the settings' names.
+    formula: str
+    # Measured from max(deadline, heal) rather than from the deadline.
+    from_heal: bool = False
+    # Add the scenario's longest compensation scan (tick to end of the close scan).
+    plus_scan: bool = False
+
+    def total(self, scan_seconds: float) -> float:
+        return self.seconds + (scan_seconds if self.plus_scan else 0.0)
+
+    def describe(self, scan_seconds: float) -> str:
+        scan = f" + scan {scan_seconds:.1f}" if self.plus_scan else ""
+        return f"{self.formula}{scan} = {self.total(scan_seconds):.1f} s"
+
+
+def normal(t: Tuning) -> Bound:
+    return Bound("normal path", NORMAL, f"normal {NORMAL:g}")
+
+
+def consumer_death(t: Tuning) -> Bound:
+    """Its consumer died or froze mid-batch: the next claim after the lease takes the member."""
+    return Bound("consumer death", t.lease_seconds + SLACK,
+                 f"LEASE {t.lease_seconds:g} + slack {SLACK:g}")
+
+
+def outage(t: Tuning, seconds: float) -> Bound:
+    """The consumers lost Redis or the database for ``seconds``: their backoff, then a lease.
+
+    The backoff doubles from ERROR_BACKOFF_FIRST while the outage lasts, so the
+    sleep in progress when it heals is at most the outage plus the first step
+    (capped at ERROR_BACKOFF_MAX); a batch cut short waits for its lease.
+    """
+    backoff = min(seconds + ERROR_BACKOFF_FIRST, ERROR_BACKOFF_MAX)
+    return Bound("consumer lost a server", backoff + t.lease_seconds + SLACK,
+                 f"backoff {backoff:.1f} + LEASE {t.lease_seconds:g} + slack {SLACK:g}",
+                 from_heal=True)
+
+
+def redis_lost(t: Tuning) -> Bound:
+    """The member never reached Redis, or Redis lost it: the scan (and --rebuild) heal it."""
+    grace, interval = t.compensation_grace, t.compensation_interval
+    return Bound("Redis lost the member", grace + interval + SLACK,
+                 f"GRACE {grace:g} + INTERVAL {interval:g} + slack {SLACK:g}",
+                 from_heal=True, plus_scan=True)
+
+
+def receiver_fails(t: Tuning) -> Bound:
+    """A receiver that raises: retried at each delay, then a dead letter."""
+    delays = sum(t.retry_delays)
+    return Bound("receiver raises", delays + SLACK,
+                 f"sum(RETRY_DELAYS) {delays:g} + slack {SLACK:g}")
+
+
+def receiver_kills(t: Tuning) -> Bound:
+    """A receiver that kills, hangs or outlives its consumer's lease: taken over, then a dead letter."""
+    takeovers = (t.max_takeovers + 1) * t.lease_seconds
+    return Bound("receiver kills or hangs", takeovers + SLACK,
+                 f"(MAX_TAKEOVERS+1) x LEASE {takeovers:g} + slack {SLACK:g}")

@@ -1,0 +1,284 @@
+"""The invariants, counted with SQL in the database once a scenario has settled; never from logs.
+
+Every delivery row was written inside its closing transaction, so the
+tables say what really committed: which orders closed, how often, when, and
+which were paid. A cohort's lateness runs from its orders' deadlines to the
+delivery (or, for a dead letter, to its burial), and for the bound from the
+later of the deadline and the heal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import connection
+from django.db.models import Field
+
+from order_timeout import get_order_model
+from order_timeout.models import DeadLetter
+
+from .models import Delivery, Payment, Role
+from .story import Check, Cohort, Expect, Story
+
+EPOCH = datetime(1970, 1, 1)
+
+
+@dataclass
+class CohortFigures:
+    cohort: str
+    expect: str
+    orders: int
+    closed: int
+    dead_letters: int
+    paid: int
+    deleted: int
+    # Orders that have not come to what their cohort expects.
+    unsettled: int
+    # Seconds from the deadline to the close (or burial): max and 99th percentile.
+    late_max: float | None
+    late_p99: float | None
+    # Seconds from max(deadline, heal): what the bound holds.
+    after_heal_max: float | None
+    bound_seconds: float | None
+    bound_text: str
+    bound_path: str
+    within_bound: bool
+    # The three latest orders (id, seconds from the deadline): where to look first.
+    latest: list[tuple[int, float]]
+    # The latest close per second of deadlines (seconds after the cohort's first deadline).
+    latest_by_second: dict[int, float]
+
+
+@dataclass
+class Verdict:
+    figures: list[CohortFigures]
+    checks: list[Check]
+
+    @property
+    def passed(self) -> bool:
+        return all(check.ok for check in self.checks)
+
+
+def _naive_utc(moment: datetime | None) -> datetime:
+    """How MariaDB's DATETIME columns hold an instant (Django stores UTC, naive)."""
+    return EPOCH if moment is None else moment.astimezone(UTC).replace(tzinfo=None)
+
+
+class Tables:
+    """Table and column names and the status values, for the SQL below."""
+
+    def __init__(self) -> None:
+        model = get_order_model()
+        self.orders = model._meta.db_table
+        pk = model._meta.pk
+        assert pk is not None
+        self.pk = pk.column
+        status = model._meta.get_field(model.TIMEOUT_STATUS_FIELD)
+        assert isinstance(status, Field)
+        self.status = status.column
+        self.closed = model.TIMEOUT_CLOSED_STATUS
+        self.paid = model.TIMEOUT_PAID_STATUS
+        self.unpaid = tuple(model.TIMEOUT_UNPAID_STATUSES)
+        self.label = model._meta.label
+        self.role = Role._meta.db_table
+        self.delivery = Delivery._meta.db_table
+        self.dead = DeadLetter._meta.db_table
+        self.payment = Payment._meta.db_table
+
+    @property
+    def unpaid_in(self) -> str:
+        return "(" + ", ".join(["%s"] * len(self.unpaid)) + ")"
+
+    def open_letter(self, order_id: str) -> str:
+        """SQL: an open dead letter exists for the order whose id is the expression ``order_id``."""
+        return (f"EXISTS (SELECT 1 FROM {self.dead} l WHERE l.order_model = %s "
+                f"AND l.order_id = CAST({order_id} AS CHAR) AND l.resolved_at IS NULL)")
+
+
+def _rows(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return list(cursor.fetchall())
+
+
+def _count(sql: str, params: list[Any] | None = None) -> int:
+    return int(_rows(sql, params or [])[0][0] or 0)
+
+
+# -- per cohort ---------------------------------------------------------------------
+
+
+def cohort_counts(t: Tables) -> dict[str, dict[str, int]]:
+    """orders, deleted, closed, paid, dead (unpaid with an open dead letter) per cohort."""
+    sql = (f"SELECT r.cohort, COUNT(*), SUM(o.{t.pk} IS NULL), SUM(o.{t.status} = %s), "
+           f"SUM(o.{t.status} = %s), SUM(o.{t.status} IN {t.unpaid_in} AND {t.open_letter('r.order_id')}) "
+           f"FROM {t.role} r LEFT JOIN {t.orders} o ON o.{t.pk} = r.order_id GROUP BY r.cohort")
+    rows = _rows(sql, [t.closed, t.paid, *t.unpaid, t.label])
+    names = ("orders", "deleted", "closed", "paid", "dead")
+    return {row[0]: dict(zip(names, (int(value or 0) for value in row[1:]), strict=True))
+            for row in rows}
+
+
+def unsettled(expect: Expect, counts: dict[str, int]) -> int:
+    present = counts["orders"] - counts["deleted"]
+    if expect is Expect.CLOSED:
+        return present - counts["closed"]
+    if expect is Expect.CLOSED_OR_DEAD:
+        return present - counts["closed"] - counts["dead"]
+    if expect is Expect.PAID_OR_CLOSED:
+        return present - counts["closed"] - counts["paid"]
+    return present
+
+
+def lateness(t: Tables, cohort: str,
+             heal_at: datetime | None) -> list[tuple[int, float, float, datetime]]:
+    """(id, seconds from the deadline, from max(deadline, heal), deadline) per settled order of a cohort.
+
+    Settled: its first delivery, or the burial of an unpaid order in an open dead letter.
+    """
+    heal = _naive_utc(heal_at)
+    closes = (f"SELECT o.{t.pk}, o.expires_at, "
+              f"TIMESTAMPDIFF(MICROSECOND, o.expires_at, MIN(d.delivered_at)), "
+              f"TIMESTAMPDIFF(MICROSECOND, GREATEST(o.expires_at, %s), MIN(d.delivered_at)) "
+              f"FROM {t.role} r JOIN {t.orders} o ON o.{t.pk} = r.order_id "
+              f"JOIN {t.delivery} d ON d.order_id = r.order_id "
+              f"WHERE r.cohort = %s GROUP BY o.{t.pk}, o.expires_at")
+    burials = (f"SELECT o.{t.pk}, o.expires_at, "
+               f"TIMESTAMPDIFF(MICROSECOND, o.expires_at, MAX(l.last_failed_at)), "
+               f"TIMESTAMPDIFF(MICROSECOND, GREATEST(o.expires_at, %s), MAX(l.last_failed_at)) "
+               f"FROM {t.role} r JOIN {t.orders} o ON o.{t.pk} = r.order_id "
+               f"JOIN {t.dead} l ON l.order_model = %s AND l.order_id = CAST(r.order_id AS CHAR) "
+               f"AND l.resolved_at IS NULL "
+               f"WHERE r.cohort = %s AND o.{t.status} IN {t.unpaid_in} GROUP BY o.{t.pk}, o.expires_at")
+    rows = _rows(f"{closes} UNION ALL {burials}",
+                 [heal, cohort, heal, t.label, cohort, *t.unpaid])
+    return [(int(pk), late / 1e6, after / 1e6, due) for pk, due, late, after in rows]
+
+
+def _p99(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+def figures_of(t: Tables, cohort: Cohort, counts: dict[str, int], heal_at: datetime | None,
+               scan_seconds: float) -> CohortFigures:
+    late = lateness(t, cohort.name, heal_at)
+    from_deadline = [row[1] for row in late]
+    measured = [row[2] if cohort.bound and cohort.bound.from_heal else row[1] for row in late]
+    bound = cohort.bound
+    limit = bound.total(scan_seconds) if bound else None
+    worst = max(measured, default=None)
+    return CohortFigures(
+        cohort=cohort.name, expect=cohort.expect.value, orders=counts["orders"],
+        closed=counts["closed"], dead_letters=counts["dead"], paid=counts["paid"],
+        deleted=counts["deleted"], unsettled=unsettled(cohort.expect, counts),
+        late_max=max(from_deadline, default=None), late_p99=_p99(from_deadline),
+        after_heal_max=worst, bound_seconds=limit,
+        bound_text=bound.describe(scan_seconds) if bound else "",
+        bound_path=bound.path if bound else "",
+        within_bound=limit is None or worst is None or worst <= limit,
+        latest=[(row[0], round(row[1], 3)) for row in sorted(late, key=lambda row: -row[1])[:3]],
+        latest_by_second=_by_second(late),
+    )
+
+
+def _by_second(late: list[tuple[int, float, float, datetime]]) -> dict[int, float]:
+    if not late:
+        return {}
+    first = min(row[3] for row in late)
+    worst: dict[int, float] = {}
+    for _, seconds, _, due in late:
+        second = int((due - first).total_seconds())
+        worst[second] = round(max(worst.get(second, 0.0), seconds), 2)
+    return dict(sorted(worst.items()))
+
+
+# -- the whole scenario ------------------------------------------------------------------
+
+
+def global_checks(t: Tables) -> list[Check]:
+    """What must hold in every scenario, whatever the fault."""
+    paid_closed = _count(f"SELECT COUNT(DISTINCT o.{t.pk}) FROM {t.orders} o JOIN {t.delivery} d "
+                         f"ON d.order_id = o.{t.pk} WHERE o.{t.status} = %s", [t.paid])
+    twice = _count(f"SELECT COUNT(*) FROM (SELECT order_id FROM {t.delivery} GROUP BY order_id "
+                   f"HAVING COUNT(*) > 1) twice")
+    undelivered = _count(f"SELECT COUNT(*) FROM {t.orders} o WHERE o.{t.status} = %s AND NOT EXISTS "
+                         f"(SELECT 1 FROM {t.delivery} d WHERE d.order_id = o.{t.pk})", [t.closed])
+    unclosed = _count(f"SELECT COUNT(DISTINCT o.{t.pk}) FROM {t.orders} o JOIN {t.delivery} d "
+                      f"ON d.order_id = o.{t.pk} WHERE o.{t.status} <> %s", [t.closed])
+    early = _count(f"SELECT COUNT(*) FROM {t.orders} o JOIN {t.delivery} d ON d.order_id = o.{t.pk} "
+                   f"WHERE d.delivered_at < o.expires_at")
+    lost_payments = _count(
+        f"SELECT COUNT(*) FROM {t.payment} p LEFT JOIN {t.orders} o ON o.{t.pk} = p.order_id "
+        f"WHERE p.outcome = %s AND (o.{t.pk} IS NULL OR o.{t.status} <> %s OR EXISTS "
+        f"(SELECT 1 FROM {t.delivery} d WHERE d.order_id = p.order_id))",
+        [Payment.Outcome.PAID, t.paid])
+    bad_refunds = _count(
+        f"SELECT COUNT(*) FROM {t.payment} p LEFT JOIN {t.orders} o ON o.{t.pk} = p.order_id "
+        f"WHERE p.outcome = %s AND (o.{t.pk} IS NULL OR o.{t.status} <> %s)",
+        [Payment.Outcome.REFUND, t.closed])
+    letters_of_settled = _count(
+        f"SELECT COUNT(*) FROM {t.dead} l JOIN {t.orders} o ON o.{t.pk} = CAST(l.order_id AS SIGNED) "
+        f"WHERE l.order_model = %s AND l.resolved_at IS NULL AND o.{t.status} NOT IN {t.unpaid_in}",
+        [t.label, *t.unpaid])
+    return [
+        Check("no paid order closed", paid_closed == 0, f"{paid_closed} paid orders have a delivery"),
+        Check("a payment that committed never loses", lost_payments == 0,
+              f"{lost_payments} orders whose mark_paid() returned True are not paid, or were closed"),
+        Check("OrderClosed means closed (refund)", bad_refunds == 0,
+              f"{bad_refunds} orders whose mark_paid() raised OrderClosed are not closed"),
+        Check("no delivery committed twice", twice == 0, f"{twice} orders delivered more than once"),
+        Check("every closed order has its delivery", undelivered == 0,
+              f"{undelivered} closed orders without a delivery"),
+        Check("no delivery without a close", unclosed == 0,
+              f"{unclosed} orders delivered but not closed"),
+        Check("nothing closed before its deadline (database clock)", early == 0,
+              f"{early} deliveries before the deadline"),
+        Check("no open dead letter for a settled order", letters_of_settled == 0,
+              f"{letters_of_settled} open dead letters of paid or closed orders"),
+    ]
+
+
+def judge(story: Story, scan_seconds: float, more: list[Check]) -> Verdict:
+    """Count everything once the scenario settled; ``more`` are checks made outside the database."""
+    t = Tables()
+    counts = cohort_counts(t)
+    empty = {"orders": 0, "deleted": 0, "closed": 0, "paid": 0, "dead": 0}
+    figures = [figures_of(t, cohort, counts.get(cohort.name, empty), story.heal_at, scan_seconds)
+               for cohort in story.cohorts]
+    checks = global_checks(t)
+    named = {cohort.name for cohort in story.cohorts}
+    strays = sorted(set(counts) - named)
+    checks.append(Check("every order is in a cohort the scenario judges", not strays,
+                        f"cohorts not judged: {', '.join(strays)}"))
+    for row in figures:
+        checks.append(Check(f"{row.cohort}: every order {row.expect}", row.unsettled == 0,
+                            f"{row.unsettled} of {row.orders} are not"))
+        if row.bound_seconds is not None:
+            checks.append(Check(f"{row.cohort}: within the bound ({row.bound_path})", row.within_bound,
+                                f"max {row.after_heal_max:.2f} s > {row.bound_seconds:.1f} s"
+                                if row.after_heal_max is not None else ""))
+    return Verdict(figures, [*checks, *more, *story.checks])
+
+
+def all_settled(story: Story) -> bool:
+    """Whether every cohort has come to what it expects (polled while waiting, so cheap).
+
+    Only unpaid orders can still change; the dead letters are looked up only
+    for cohorts that may end in one and still have unpaid orders.
+    """
+    t = Tables()
+    rows = _rows(f"SELECT r.cohort, COUNT(*) FROM {t.role} r JOIN {t.orders} o ON o.{t.pk} = r.order_id "
+                 f"WHERE o.{t.status} IN {t.unpaid_in} GROUP BY r.cohort", list(t.unpaid))
+    unpaid = {cohort: int(count) for cohort, count in rows}
+    for cohort in story.cohorts:
+        waiting = unpaid.get(cohort.name, 0)
+        if waiting and cohort.expect is not Expect.CLOSED_OR_DEAD:
+            return False
+        if waiting and cohort_counts(t)[cohort.name]["dead"] < waiting:
+            return False
+    return True

@@ -1,0 +1,459 @@
+"""The fault scenarios: one function each, registered by ``@scenario``. Add one here, nowhere else.
+
+A scenario gets a fresh ``Lab`` (empty tables, a fresh private Redis), starts
+the processes it needs, creates orders, does its damage, heals it, and
+returns a ``Story``: its cohorts, what each must come to, the bound each is
+held to, and the moment the fault healed. The harness then counts the
+invariants in the database (``chaos.invariants``).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection, connections, transaction
+from django.db.models import Count, Model
+
+from order_timeout import get_order_model
+
+from . import bounds, orders, queueview
+from .lab import Lab
+from .models import Delivery, Payment, Role
+from .processes import repeatedly
+from .receivers import EXIT_STATUS
+from .story import Check, Cohort, Expect, Story
+
+CONSUMERS = 4
+# How long Redis or MariaDB stays down (or frozen) in the outage scenarios.
+OUTAGE_SECONDS = 2.0
+HUNG_SECONDS = 3.0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    run: Callable[[Lab], Story]
+    # Redis writes an append-only file (fsync always) in this scenario.
+    aof: bool = False
+    # Part of a plain run. The others reproduce a known failure of the app and are
+    # run by name only (``--scenarios hang-forever``): they are expected to fail.
+    default: bool = True
+
+
+SCENARIOS: dict[str, Scenario] = {}
+
+
+def scenario(name: str, title: str, *, aof: bool = False,
+             default: bool = True) -> Callable[[Callable[[Lab], Story]], Callable[[Lab], Story]]:
+    def register(run: Callable[[Lab], Story]) -> Callable[[Lab], Story]:
+        SCENARIOS[name] = Scenario(name, title, run, aof, default)
+        return run
+
+    return register
+
+
+def default_names() -> list[str]:
+    return [name for name, scenario in SCENARIOS.items() if scenario.default]
+
+
+def _third_of_the_way(lab: Lab, first: datetime, spread: float | None = None) -> datetime:
+    """A moment a third into the deadlines: some orders are closed, most are still due."""
+    return first + timedelta(seconds=(spread or lab.sizes.spread) / 3)
+
+
+# -- no fault ----------------------------------------------------------------------------
+
+
+@scenario("baseline", "no fault: the normal path, for comparison")
+def baseline(lab: Lab) -> Story:
+    with lab.consumers(CONSUMERS), lab.beat():
+        lab.create_orders()
+        return lab.settle(Story([Cohort("orders", Expect.CLOSED, bounds.normal(lab.tuning))]))
+
+
+# -- consumers die or freeze ---------------------------------------------------------------
+
+
+@scenario("sigkill", "kill -9 a random consumer every ~1 s, restarted at once (as systemd would)")
+def sigkill_loop(lab: Lab) -> Story:
+    # 2 ms per delivery (a receiver doing a query or two) keeps batches in hand long enough
+    # for the kills to land in them.
+    with lab.consumers(CONSUMERS, CHAOS_DELIVERY_DELAY=0.002) as pool, lab.beat():
+        created = lab.create_orders()
+        with repeatedly(1.0, pool.kill_one):
+            lab.wait_until(lab.after(created.last_deadline, lab.tuning.lease_seconds))
+        story = lab.settle(Story([Cohort("orders", Expect.CLOSED, bounds.consumer_death(lab.tuning))]))
+    story.checks.append(Check("consumers were killed while deadlines passed", pool.kills > 0))
+    return story
+
+
+@scenario("sigstop", "SIGSTOP consumers right after a claim, inside the closing transaction, and at "
+                     "random moments; SIGCONT seconds later")
+def sigstop(lab: Lab) -> Story:
+    t = lab.tuning
+    pauses = lab.logs / "pauses"
+    pauses.mkdir(parents=True, exist_ok=True)
+    # A consumer that froze itself stays frozen past its lease and the server's idle limit.
+    hold = t.lease_seconds + 1.5
+    kinds = [Role.Behaviour.PAUSE_AFTER_CLAIM, Role.Behaviour.PAUSE_IN_CLOSE] * lab.sizes.misbehaving["pause"]
+    with (lab.consumers(CONSUMERS, freeze_hold=hold, CHAOS_BEHAVIOURS=1, CHAOS_PAUSE_DIR=pauses) as pool,
+          lab.beat()):
+        # Half a hold apart: at most two consumers freeze themselves at once, two stay awake.
+        created = lab.create_orders(spread=max(lab.sizes.spread, (len(kinds) + 1) * hold / 2),
+                                    spaced=(kinds, hold / 2))
+        with repeatedly(2.0, lambda: pool.freeze_one(random.uniform(0.5, 2 * t.lease_seconds))):
+            lab.wait_until(lab.after(created.last_deadline, t.lease_seconds))
+        death = bounds.consumer_death(t)
+        story = lab.settle(Story([Cohort("orders", Expect.CLOSED, death),
+                                  Cohort(Role.Behaviour.PAUSE_AFTER_CLAIM, Expect.CLOSED, death),
+                                  Cohort(Role.Behaviour.PAUSE_IN_CLOSE, Expect.CLOSED, death)]))
+    paused = len(list(pauses.iterdir()))
+    story.checks.append(Check("every chosen order froze its consumer once", paused == len(kinds),
+                              f"{paused} pauses of {len(kinds)}"))
+    story.facts["self-pauses (after claim, in close)"] = paused
+    return story
+
+
+# -- Redis fails ------------------------------------------------------------------------------
+
+
+@scenario("redis-aof", "Redis killed (SIGKILL) mid-run, restarted from its append-only file",
+          aof=True)
+def redis_aof(lab: Lab) -> Story:
+    redis = lab.servers.redis
+    with lab.consumers(CONSUMERS), lab.beat():
+        created = lab.create_orders()
+        lab.wait_until(_third_of_the_way(lab, created.first_deadline))
+        killed = lab.now()
+        redis.kill()
+        time.sleep(OUTAGE_SECONDS)
+        redis.start(aof=True)
+        healed = lab.now()
+        outage = (healed - killed).total_seconds()
+        story = lab.settle(Story([Cohort("orders", Expect.CLOSED, bounds.outage(lab.tuning, outage))],
+                                 heal_at=healed, facts={"Redis down (s)": round(outage, 1)}))
+    return story
+
+
+@scenario("redis-empty", "Redis killed and restarted empty (no persistence): healed by the scan "
+                         "and --rebuild")
+def redis_empty(lab: Lab) -> Story:
+    t, redis = lab.tuning, lab.servers.redis
+    # Deadlines long enough after the loss that some are put back by --rebuild before they fall due.
+    spread = lab.sizes.spread + 2 * t.compensation_interval
+    with lab.consumers(CONSUMERS), lab.beat(rebuild=True) as beat:
+        created = lab.create_orders(spread=spread, cohort="due before --rebuild")
+        lab.wait_until(_third_of_the_way(lab, created.first_deadline, lab.sizes.spread))
+        redis.kill()
+        time.sleep(OUTAGE_SECONDS / 2)
+        redis.start()
+        healed = lab.now()
+        came_back_empty = queueview.queued() == 0
+        rebuilt_at = _first_rebuild_after(beat, healed, timeout=3 * t.compensation_interval)
+        restored = []
+        if rebuilt_at is not None:
+            # Due after the rebuild put them back: the consumers close them on time.
+            margin = rebuilt_at + timedelta(seconds=0.5)
+            restored = list(get_order_model()._base_manager.filter(
+                pk__in=created.ids, expires_at__gt=margin).values_list("pk", flat=True))
+            orders.assign(restored, "put back by --rebuild")
+        story = lab.settle(Story([
+            Cohort("due before --rebuild", Expect.CLOSED, bounds.redis_lost(t)),
+            Cohort("put back by --rebuild", Expect.CLOSED, bounds.normal(t)),
+        ], heal_at=healed))
+    story.checks += [
+        Check("Redis came back empty", came_back_empty),
+        Check("--rebuild ran after the loss", rebuilt_at is not None),
+    ]
+    return story
+
+
+def _first_rebuild_after(beat: object, moment: datetime, timeout: float) -> datetime | None:
+    """When the first successful ``--rebuild`` that started after ``moment`` ended."""
+    give_up = time.monotonic() + timeout
+    while time.monotonic() < give_up:
+        for scan in list(beat.scans):  # type: ignore[attr-defined]
+            if "--rebuild" in scan.command and scan.status == 0 and scan.started_at > moment:
+                return scan.ended_at
+        time.sleep(0.1)
+    return None
+
+
+@scenario("redis-hung", "Redis frozen (SIGSTOP) while orders are saved one by one; SIGCONT later")
+def redis_hung(lab: Lab) -> Story:
+    t, redis, sizes = lab.tuning, lab.servers.redis, lab.sizes
+    per_second = max(50.0, sizes.orders / 20)
+    with lab.consumers(CONSUMERS), lab.beat():
+        lab.create_orders(spread=sizes.spread + HUNG_SECONDS, cohort="created in bulk before")
+        with orders.OneByOne(4, per_second, sizes.lead, sizes.spread, "saved one by one") as saving:
+            time.sleep(1.0)
+            frozen = lab.now()
+            redis.freeze()
+            time.sleep(HUNG_SECONDS)
+            redis.thaw()
+            healed = lab.now()
+            time.sleep(1.0)
+        saves = saving.saves
+        during = [save for save in saves if save.began <= healed and save.ended >= frozen]
+        orders.assign([save.pk for save in during if save.pk is not None], "saved while Redis hung")
+        outage = bounds.outage(t, (healed - frozen).total_seconds())
+        story = lab.settle(Story([
+            Cohort("created in bulk before", Expect.CLOSED, outage),
+            Cohort("saved one by one", Expect.CLOSED, outage),
+            Cohort("saved while Redis hung", Expect.CLOSED, bounds.redis_lost(t)),
+        ], heal_at=healed))
+    failed = [save for save in saves if save.error]
+    slowest = max((save.seconds for save in during), default=0.0)
+    # A hung Redis may cost a save about three SCHEDULE_TIMEOUTs (docs/settings.md), plus the insert.
+    allowed = 3 * t.schedule_timeout + 0.5
+    story.checks += [
+        Check("every save went through while Redis hung", not failed,
+              "; ".join(save.error for save in failed[:3])),
+        Check(f"no save took longer than 3 x SCHEDULE_TIMEOUT + 0.5 s ({allowed:.1f} s)",
+              slowest <= allowed, f"slowest save {slowest:.2f} s"),
+        Check("orders were saved while Redis hung", bool(during)),
+    ]
+    story.facts.update({"saves while hung": len(during), "slowest save while hung (s)": round(slowest, 3)})
+    return story
+
+
+# -- MariaDB fails ---------------------------------------------------------------------------
+
+
+@scenario("mariadb-kill", "MariaDB killed (kill -9) mid-run and restarted (InnoDB recovery)")
+def mariadb_kill(lab: Lab) -> Story:
+    mariadb = lab.servers.mariadb
+    with lab.consumers(CONSUMERS), lab.beat():
+        created = lab.create_orders()
+        lab.wait_until(_third_of_the_way(lab, created.first_deadline))
+        killed = lab.now()
+        mariadb.kill()
+        connections.close_all()
+        time.sleep(OUTAGE_SECONDS)
+        mariadb.start()
+        healed = lab.now()
+        outage = (healed - killed).total_seconds()
+        return lab.settle(Story([Cohort("orders", Expect.CLOSED, bounds.outage(lab.tuning, outage))],
+                                heal_at=healed, facts={"MariaDB down (s)": round(outage, 1)}))
+
+
+# -- the shop races, misbehaves, deletes ------------------------------------------------------------
+
+
+@scenario("payments", "payments racing the deadline: mark_paid() from 8 threads around each deadline")
+def payments(lab: Lab) -> Story:
+    with lab.consumers(CONSUMERS), lab.beat():
+        created = lab.create_orders(lead=lab.sizes.lead + 1, cohort="never paid")
+        due = dict(get_order_model()._base_manager.filter(pk__in=created.ids)
+                   .values_list("pk", "expires_at"))
+        chosen = random.sample(created.ids, len(created.ids) // 2)
+        early, racing = chosen[: len(chosen) // 3], chosen[len(chosen) // 3:]
+        orders.assign(early, "paid early")
+        orders.assign(racing, "paid at the deadline")
+        plan = {pk: due[pk] - timedelta(seconds=random.uniform(0.3, 1.0)) for pk in early}
+        plan |= {pk: due[pk] + timedelta(seconds=random.uniform(-0.1, 0.05)) for pk in racing}
+        orders.pay_at(plan, threads=8)
+        normal = bounds.normal(lab.tuning)
+        story = lab.settle(Story([Cohort("never paid", Expect.CLOSED, normal),
+                                  Cohort("paid early", Expect.PAID_OR_CLOSED, normal),
+                                  Cohort("paid at the deadline", Expect.PAID_OR_CLOSED, normal)]))
+    answers = dict(Payment.objects.values_list("outcome").annotate(count=Count("order_id")))
+    answered = dict(Payment.objects.values_list("order_id", "answered_at"))
+    lag = max(((answered[pk] - moment).total_seconds() for pk, moment in plan.items()), default=0.0)
+    story.facts.update({"payments that won": answers.get(Payment.Outcome.PAID, 0),
+                        "payments refused (refund)": answers.get(Payment.Outcome.REFUND, 0),
+                        "latest answer after its planned moment (s)": round(lag, 2)})
+    return story
+
+
+MALFORMED = ["", "abc", " 7", "07", "+7", "7.0", "1e3", "-0", "٣", "7\n", "[7]", "None", "🙂",
+             "x" * 300, "9" * 25, "-1", "0", "18446744073709551616"]
+
+
+@scenario("malformed", "malformed members (and members of no row) injected into Redis among due ones")
+def malformed(lab: Lab) -> Story:
+    junk = [*MALFORMED, *(f"junk-{random.getrandbits(32):x}" for _ in range(lab.sizes.count(0.02, 10)))]
+    with lab.consumers(CONSUMERS), lab.beat():
+        created = lab.create_orders()
+        highest = max(created.ids)
+        junk += [str(highest + 1 + i) for i in range(5)]  # rows that were never there
+        for share, wave in enumerate((junk[0::3], junk[1::3], junk[2::3])):
+            queueview.inject_malformed(
+                wave, created.first_deadline + timedelta(seconds=share * lab.sizes.spread / 3))
+        story = lab.settle(Story([Cohort("orders", Expect.CLOSED, bounds.normal(lab.tuning))]))
+    left = queueview.present_among(junk)
+    story.checks.append(Check("every malformed member was dropped from Redis", not left,
+                              f"still there: {left[:5]!r}"))
+    story.facts["malformed members injected"] = len(junk)
+    return story
+
+
+@scenario("deletes", "rows deleted while their members are leased (with signals and behind the ORM)")
+def deletes(lab: Lab) -> Story:
+    quota = lab.sizes.count(0.02, at_least=20)
+    # 30 ms between each claim and its lock: some rows go before the lock, some after the close.
+    with lab.consumers(CONSUMERS, CHAOS_LOCK_DELAY=0.03, CHAOS_DELIVERY_DELAY=0.001), lab.beat():
+        created = lab.create_orders()
+        deleted = _delete_while_leased(lab, created, quota)
+        orders.assign(deleted, "deleted")
+        story = lab.settle(Story([Cohort("orders", Expect.CLOSED, bounds.normal(lab.tuning)),
+                                  Cohort("deleted", Expect.DELETED, None)]))
+    closed_first = Delivery.objects.filter(order_id__in=deleted).count()
+    story.checks.append(Check("rows were deleted while leased", len(deleted) >= min(10, quota),
+                              f"{len(deleted)} (aimed at {quota})"))
+    story.facts.update({"rows deleted while leased": len(deleted),
+                        "of which closed before the delete": closed_first})
+    return story
+
+
+def _delete_while_leased(lab: Lab, created: orders.Created, quota: int) -> list[int]:
+    """Watch the lease set; delete rows whose members are leased, alternately with and without signals."""
+    model = get_order_model()
+    deleted: list[int] = []
+    deadlines = _deadlines(created.ids)
+    stop_at = lab.after(created.last_deadline, 1.0)
+    while len(deleted) < quota and lab.now() < stop_at:
+        # Due within the last second: the ones a consumer may hold right now.
+        now, second = lab.now(), timedelta(seconds=1)
+        due = [pk for pk, deadline in deadlines.items() if now - second <= deadline <= now]
+        sample = random.sample(due, min(len(due), 400))
+        for member in queueview.leased_among(str(pk) for pk in sample)[:2]:
+            pk = int(member)
+            if len(deleted) % 2:
+                _delete_behind_the_orm(model, pk)
+            else:
+                with transaction.atomic():  # locked first: a close in flight adds rows pointing at it
+                    rows = model._base_manager.select_for_update().filter(pk=pk)
+                    list(rows.values_list("pk"))
+                    rows.delete()
+            deleted.append(pk)
+            deadlines.pop(pk)
+        time.sleep(0.02)
+    return deleted
+
+
+def _delete_behind_the_orm(model: type[Model], pk: int) -> None:
+    """DELETE in SQL, as another system would: no signal, so nothing tells Redis.
+
+    The row is locked first (a close in flight finishes), then the rows pointing at it
+    (a shop's status changes) go, then the row, in one transaction.
+    """
+    table, pk_column = model._meta.db_table, model._meta.pk.column
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"SELECT {pk_column} FROM {table} WHERE {pk_column} = %s FOR UPDATE", [pk])
+        for rel in model._meta.related_objects:
+            cursor.execute(f"DELETE FROM {rel.related_model._meta.db_table} "
+                           f"WHERE {rel.field.column} = %s", [pk])
+        cursor.execute(f"DELETE FROM {table} WHERE {pk_column} = %s", [pk])
+
+
+def _deadlines(ids: list[int]) -> dict[int, datetime]:
+    return dict(get_order_model()._base_manager.filter(pk__in=ids).values_list("pk", "expires_at"))
+
+
+@scenario("receivers", "receivers that raise (always, sometimes), hang, os._exit() or outlive the lease")
+def receivers(lab: Lab) -> Story:
+    t, sizes = lab.tuning, lab.sizes
+    hang_seconds = 5 * t.lease_seconds
+    env: dict[str, Any] = {"CHAOS_BEHAVIOURS": 1, "CHAOS_HANG_SECONDS": hang_seconds,
+                           "CHAOS_OVERRUN_SECONDS": t.lease_seconds + 0.5, "CHAOS_FLAKY_RATE": 0.5}
+    B = Role.Behaviour
+    # A receiver that hangs keeps its consumer busy for as long as it hangs, and the
+    # takeovers give it MAX_TAKEOVERS more: so 8 consumers, and the hang, the exits and
+    # the overruns spaced, each chain starting when the one before has handed over.
+    heavy = [B.HANG, *[B.EXIT, B.OVERRUN] * sizes.misbehaving[B.EXIT]]
+    every = 2 * t.lease_seconds + 0.5
+    light: dict[str, int] = {B.RAISE: sizes.misbehaving[B.RAISE], B.FLAKY: sizes.misbehaving[B.FLAKY]}
+    with (lab.consumers(CONSUMERS + 4, expected_status=EXIT_STATUS, **env) as pool,
+          lab.beat(**env)):
+        lab.create_orders(spread=max(sizes.spread, len(heavy) * every + 1), misbehaving=light,
+                          spaced=(heavy, every), cohort="well-behaved")
+        fails, kills = bounds.receiver_fails(t), bounds.receiver_kills(t)
+        story = lab.settle(Story([
+            Cohort("well-behaved", Expect.CLOSED, bounds.consumer_death(t)),
+            Cohort(B.RAISE, Expect.CLOSED_OR_DEAD, fails),
+            Cohort(B.FLAKY, Expect.CLOSED_OR_DEAD, fails),
+            Cohort(B.HANG, Expect.CLOSED_OR_DEAD, kills),
+            Cohort(B.OVERRUN, Expect.CLOSED_OR_DEAD, kills),
+            Cohort(B.EXIT, Expect.CLOSED_OR_DEAD, kills),
+        ]))
+    exits = sum(1 for e in pool.exits if e.status == EXIT_STATUS)
+    story.checks.append(Check("receivers took their consumers down", exits > 0, f"{exits} exits"))
+    story.facts["hang (s)"] = hang_seconds
+    return story
+
+
+# -- known failures, run by name only -------------------------------------------------------
+
+
+@scenario("hang-forever", "KNOWN TO FAIL: a receiver that never returns, with 4 consumers",
+          default=False)
+def hang_forever(lab: Lab) -> Story:
+    """One order whose receiver never returns, early among ordinary ones.
+
+    The lease guard ends the hung batch's database session and hands its
+    members over, but the Python thread stays in the receiver: each takeover
+    loses one more consumer for good, and the scan that finally picks the
+    order up hangs as well, inside a transaction that holds its whole chunk.
+    """
+    t = lab.tuning
+    env: dict[str, Any] = {"CHAOS_BEHAVIOURS": 1, "CHAOS_HANG_SECONDS": 3600}
+    with lab.consumers(CONSUMERS, **env), lab.beat(**env) as beat:
+        lab.create_orders(spread=max(lab.sizes.spread, 9.0), spaced=([Role.Behaviour.HANG], 1.0))
+        story = lab.settle(Story([
+            Cohort("orders", Expect.CLOSED, bounds.consumer_death(t)),
+            Cohort(Role.Behaviour.HANG, Expect.CLOSED_OR_DEAD, bounds.receiver_kills(t)),
+        ]))
+        story.facts["scans still running at the end"] = beat.still_running
+    return story
+
+
+@scenario("hang-in-scan", "KNOWN TO FAIL: no consumer runs, and the scan meets a receiver that hangs",
+          default=False)
+def hang_in_scan(lab: Lab) -> Story:
+    """The scan closes a chunk in one transaction, without the consumers' session limits.
+
+    A receiver that hangs inside it keeps every row of the chunk locked for as
+    long as it hangs: none of them closes, and a payment of any of them waits
+    for the lock (here 5 s, innodb_lock_wait_timeout) and fails, where the
+    consumer's path bounds the same lock by LEASE_SECONDS.
+    """
+    t = lab.tuning
+    env: dict[str, Any] = {"CHAOS_BEHAVIOURS": 1, "CHAOS_HANG_SECONDS": 3600}
+    with lab.beat(**env):
+        created = lab.create_orders(50, spread=1.0, spaced=([Role.Behaviour.HANG], 0.1))
+        # The first scan that finds them overdue has started, and hangs.
+        lab.wait_until(lab.after(created.last_deadline,
+                                 t.compensation_grace + t.compensation_interval + 2))
+        model = get_order_model()
+        victim = model._base_manager.filter(model.unpaid_q(), pk__in=created.ids).exclude(
+            pk__in=Role.objects.filter(behaviour=Role.Behaviour.HANG).values("order_id")).first()
+        answer, waited = _pay_with_lock_timeout(victim, seconds=5)
+        story = lab.settle(Story([
+            Cohort("orders", Expect.PAID_OR_CLOSED, bounds.redis_lost(t)),
+            Cohort(Role.Behaviour.HANG, Expect.CLOSED_OR_DEAD, bounds.redis_lost(t)),
+        ]))
+    story.checks.append(Check("a payment gets its answer within LEASE_SECONDS", waited <= t.lease_seconds,
+                              f"mark_paid() answered {answer} after {waited:.1f} s"))
+    return story
+
+
+def _pay_with_lock_timeout(order: object, seconds: int) -> tuple[str, float]:
+    """Pay, waiting at most ``seconds`` for the row lock; (what it answered, how long it took)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET SESSION innodb_lock_wait_timeout = {int(seconds)}")
+    began = time.monotonic()
+    try:
+        answer = orders.pay(order)
+    except Exception as exc:  # what a payment callback would see
+        answer = f"{type(exc).__name__}: {exc}"
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+    return answer, time.monotonic() - began

@@ -1,0 +1,190 @@
+"""Private MariaDB and Redis servers on free loopback ports, in a directory of the run's own.
+
+Never the shared servers on 3306 and 6379: every server here is started by
+the harness, listens on 127.0.0.1 on a port nobody held a moment before,
+keeps its data under the run's temporary directory, and is killed when the
+run ends, however it ends. The scenarios kill, freeze and restart them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .tuning import Tuning
+
+DATABASE_NAME = "chaos"
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _wait_for(answers: Any, what: str, timeout: float, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {proc.returncode} while starting")
+        if answers():
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not answer within {timeout:g}s")
+
+
+class Server:
+    """One server process: start, and the faults done to it (kill -9, freeze, thaw)."""
+
+    name = "server"
+    proc: subprocess.Popen[bytes] | None = None
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.port = free_port()
+
+    def _spawn(self, args: list[str]) -> None:
+        log = (self.directory / f"{self.name}.out").open("ab")
+        # A session of its own: a Ctrl-C in the terminal reaches the harness, which cleans up.
+        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL and reap: the crash a scenario wants, or the cleanup at the end."""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                os.kill(self.proc.pid, signal.SIGCONT)  # a frozen process dies as well, but reap it awake
+                self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def freeze(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+
+class PrivateMariaDB(Server):
+    name = "mariadb"
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.datadir = directory / "data"
+        self.socket = directory / "mariadb.sock"
+
+    @property
+    def url(self) -> str:
+        return f"mysql://root:@127.0.0.1:{self.port}/{DATABASE_NAME}"
+
+    def install(self) -> None:
+        """A fresh data directory (about 2 s): system tables only, root without a password."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with (self.directory / "install.out").open("wb") as log:
+            subprocess.run(
+                ["mariadb-install-db", "--no-defaults", "--user=root", f"--datadir={self.datadir}",
+                 "--auth-root-authentication-method=normal", "--skip-test-db", "--skip-name-resolve"],
+                stdout=log, stderr=subprocess.STDOUT, check=True)
+
+    def start(self, timeout: float = 90) -> None:
+        """Start on the data directory as it is (after a kill -9: InnoDB recovers it) and wait."""
+        self._spawn([
+            "mariadbd", "--no-defaults", f"--datadir={self.datadir}", f"--port={self.port}",
+            f"--socket={self.socket}", "--bind-address=127.0.0.1", "--user=root",
+            "--skip-grant-tables", "--skip-name-resolve", "--max-connections=500",
+            "--innodb-buffer-pool-size=256M", f"--log-error={self.directory / 'error.log'}",
+            f"--pid-file={self.directory / 'mariadb.pid'}",
+        ])
+        assert self.proc is not None
+        _wait_for(self.answers, "MariaDB", timeout, self.proc)
+
+    def answers(self) -> bool:
+        import MySQLdb
+
+        try:
+            connection = MySQLdb.connect(host="127.0.0.1", port=self.port, user="root",
+                                         connect_timeout=1)
+        except MySQLdb.Error:
+            return False
+        connection.close()
+        return True
+
+    def create_database(self) -> None:
+        import MySQLdb
+
+        connection = MySQLdb.connect(host="127.0.0.1", port=self.port, user="root")
+        try:
+            connection.cursor().execute(
+                f"CREATE DATABASE IF NOT EXISTS {DATABASE_NAME} CHARACTER SET utf8mb4")
+        finally:
+            connection.close()
+
+
+class PrivateRedis(Server):
+    name = "redis"
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, *, aof: bool = False, fresh: bool = False, timeout: float = 30) -> None:
+        """Start on this port; ``aof``: every write fsynced to an append-only file first.
+
+        ``fresh`` empties the data directory first. Without ``aof`` nothing is
+        ever written to disk, so a restart comes back empty.
+        """
+        data = self.directory / "data"
+        if fresh:
+            shutil.rmtree(data, ignore_errors=True)
+        data.mkdir(parents=True, exist_ok=True)
+        persistence = (["--appendonly", "yes", "--appendfsync", "always"] if aof
+                       else ["--appendonly", "no"])
+        self._spawn(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                     "--save", "", "--dir", str(data), *persistence])
+        assert self.proc is not None
+        _wait_for(self.answers, "Redis", timeout, self.proc)
+
+    def answers(self) -> bool:
+        import redis
+
+        try:
+            return bool(redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1).ping())
+        except redis.RedisError:
+            return False
+
+
+@dataclass
+class Servers:
+    mariadb: PrivateMariaDB
+    redis: PrivateRedis
+
+
+def child_environment(servers: Servers, tuning: Tuning) -> dict[str, str]:
+    """The environment of every process the harness starts, and of the harness itself.
+
+    Inherited ``ORDER_TIMEOUT_*`` and Redis Cluster variables are dropped, so
+    nothing from the caller's shell can point a process elsewhere.
+    """
+    root = str(Path(__file__).resolve().parent.parent)
+    inherited = {key: value for key, value in os.environ.items()
+                 if not key.startswith(("ORDER_TIMEOUT_", "CHAOS_", "SHOP_", "BENCH"))
+                 and key not in ("REDIS_CLUSTER_URL", "CELERY_BROKER_URL", "CONN_MAX_AGE")}
+    return {**inherited, **tuning.environment(), "DJANGO_SETTINGS_MODULE": "chaos.settings",
+            "DATABASE_URL": servers.mariadb.url, "REDIS_URL": servers.redis.url,
+            # Persistent connections, as a long-running consumer has them.
+            "CONN_MAX_AGE": "600", "SHOP_RECORD_EXPIRIES": "0",
+            "PYTHONPATH": root, "PYTHONUNBUFFERED": "1"}

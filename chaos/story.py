@@ -1,0 +1,52 @@
+"""What a scenario hands back: its cohorts, what each must come to, the bound, and extra checks."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from .bounds import Bound
+
+
+class Expect(enum.Enum):
+    """What every order of a cohort must have come to once the fault healed."""
+
+    # Closed, its order_expired delivered (and committed) exactly once.
+    CLOSED = "closed"
+    # Closed, or still unpaid with an open dead letter: its receiver refuses the close.
+    CLOSED_OR_DEAD = "closed or dead letter"
+    # Paid (the payment won) or closed (the deadline won: refund).
+    PAID_OR_CLOSED = "paid or closed"
+    # The row is gone (deleted); nothing is owed but at most one delivery.
+    DELETED = "deleted"
+
+
+@dataclass(frozen=True)
+class Cohort:
+    """Orders counted together (by their ``Role.cohort``), held to one expectation and one bound."""
+
+    name: str
+    expect: Expect
+    bound: Bound | None
+
+
+@dataclass(frozen=True)
+class Check:
+    """One scenario-specific invariant, already decided."""
+
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass
+class Story:
+    cohorts: list[Cohort]
+    # When the fault ended (Redis answered again, the database restarted); None: the
+    # consumers heal it themselves and every bound runs from the deadline.
+    heal_at: datetime | None = None
+    checks: list[Check] = field(default_factory=list)
+    # Figures worth a line in the report (kills, payments won and lost, ...).
+    facts: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,76 @@
+"""The settings every chaos process runs with, and the sizes of a quick and a full run.
+
+Small on purpose, so a whole run takes minutes: a lease of 2 s, retries after
+1 s and 2 s, a scan every 5 s closing what is 5 s overdue. The same values
+reach every process (as ``ORDER_TIMEOUT_*`` variables read by
+``chaos.settings``) and the bounds the harness holds them to (``chaos.bounds``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Tuning:
+    lease_seconds: float = 2.0
+    retry_delays: tuple[float, ...] = (1.0, 2.0)
+    max_takeovers: int = 3
+    # At least LEASE_SECONDS + sum(RETRY_DELAYS) (check order_timeout.W004).
+    compensation_grace: float = 5.0
+    compensation_interval: float = 5.0
+    compensation_lock_seconds: float = 10.0
+    # A quarter of the default, as the lease is a fifteenth of it: a batch (two queries
+    # per order in the receivers here) must end well inside LEASE_SECONDS even when the
+    # 2-core machine is busy ("choose LEASE_SECONDS longer than your slowest batch").
+    batch_size: int = 50
+    max_wait: float = 1.0
+    schedule_timeout: float = 0.1
+    key_prefix: str = "chaos"
+    order_model: str = "order_timeout.Order"
+
+    def environment(self) -> dict[str, str]:
+        """The ``ORDER_TIMEOUT_*`` variables that give a process these settings."""
+        values = {
+            "LEASE_SECONDS": self.lease_seconds, "RETRY_DELAYS": list(self.retry_delays),
+            "MAX_TAKEOVERS": self.max_takeovers, "COMPENSATION_GRACE": self.compensation_grace,
+            "COMPENSATION_INTERVAL": self.compensation_interval,
+            "COMPENSATION_LOCK_SECONDS": self.compensation_lock_seconds,
+            "BATCH_SIZE": self.batch_size, "MAX_WAIT": self.max_wait,
+            "SCHEDULE_TIMEOUT": self.schedule_timeout,
+        }
+        env = {f"ORDER_TIMEOUT_{key}": json.dumps(value) for key, value in values.items()}
+        env["ORDER_TIMEOUT_KEY_PREFIX"] = self.key_prefix
+        env["ORDER_TIMEOUT_ORDER_MODEL"] = self.order_model
+        return env
+
+    def as_dict(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big one scenario is."""
+
+    # Orders created per scenario (some scenarios add a few more, or pay or delete some).
+    orders: int
+    # Seconds over which their deadlines fall, starting ``lead`` seconds after creation.
+    spread: float
+    lead: float
+    # Misbehaving orders per receiver behaviour in the receivers scenario ("exit": as
+    # many exits and as many overruns, after one hang), and per pause point in the
+    # sigstop scenario ("pause": after a claim, and as many in the close).
+    misbehaving: dict[str, int] = field(default_factory=dict)
+
+    def count(self, share: float, at_least: int = 1) -> int:
+        """A share of ``orders``, never fewer than ``at_least``."""
+        return max(at_least, round(self.orders * share))
+
+
+QUICK = Sizes(orders=300, spread=3.0, lead=1.0,
+              misbehaving={"raise": 4, "flaky": 6, "exit": 1, "pause": 2})
+# 400 deadlines a second: headroom on the 2-core machine, so that a bound measures how a
+# fault heals rather than whether the machine keeps up (``--spread`` changes it).
+FULL = Sizes(orders=10_000, spread=25.0, lead=3.0,
+             misbehaving={"raise": 40, "flaky": 60, "exit": 3, "pause": 5})
