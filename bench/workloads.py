@@ -18,8 +18,8 @@ from order_timeout.models import Order
 from order_timeout.queue import TimeoutQueue
 from order_timeout.scheduling import order_saved
 
-from .measure import ClientCommands
-from .ownership import Counters, keep_mark, redis_memory, rss_bytes, summary
+from .measure import ClientCommands, Counters, redis_memory, rss_bytes, summary
+from .ownership import keep_mark
 from .recorder import read_commits
 from .systems import System
 
