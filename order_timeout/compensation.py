@@ -26,6 +26,7 @@ from . import deadletters, get_order_model
 from .closing import close_expired
 from .codec import deadline_score, now_score, order_member
 from .conf import settings
+from .dbsession import limited_session
 from .exceptions import QueueUnavailable, RepeatedTakeover
 from .keyset import rows_by_deadline
 from .models import DeadLetter, TimeoutOrderMixin
@@ -208,7 +209,10 @@ class CompensationScan:
 
     def _close(self, batches: list[list[Any]]) -> None:
         for pks in batches:
-            outcome = close_expired(self.model, pks)
+            # A receiver that hangs here must not hold these rows locked for long:
+            # the database ends the transaction after LEASE_SECONDS, as for a consumer.
+            with limited_session(router.db_for_write(self.model), settings.LEASE_SECONDS):
+                outcome = close_expired(self.model, pks)
             self.result.closed += len(outcome.closed)
             self.result.skipped_paid += len(outcome.settled)
             self.result.not_due += len(outcome.not_due)

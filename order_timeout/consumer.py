@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
 import uuid
@@ -47,6 +48,9 @@ ERROR_BACKOFF_MAX = 30.0
 BUSY_RETRY_MS = 1000
 # The database-minus-host clock offset is the largest of this many recent readings.
 CLOCK_SAMPLES = 20
+# run_timeout_consumer's exit status when a receiver is stuck in its thread for good
+# (EX_TEMPFAIL: its supervisor should start it again).
+EXIT_STUCK = 75
 
 
 @dataclass
@@ -85,6 +89,11 @@ class Consumer:
     database's time (erring late), so a host whose clock runs fast does not
     claim early. Tests that step time by hand pass their own ``now`` and
     ``follow_database_clock=False``.
+
+    ``exit_when_stuck`` is for a process that is only a consumer
+    (``run_timeout_consumer``): when a receiver stays stuck after its batch
+    was given up, the process exits with ``EXIT_STUCK`` for its supervisor to
+    restart, rather than live on closing nothing.
     """
 
     def __init__(
@@ -98,6 +107,7 @@ class Consumer:
         now: Callable[[], datetime] | None = None,
         follow_database_clock: bool = True,
         metrics: ConsumerMetrics | None = None,
+        exit_when_stuck: bool = False,
     ) -> None:
         self.queue = queue or TimeoutQueue.from_settings()
         self.model = model or get_order_model()
@@ -112,6 +122,7 @@ class Consumer:
         self.now = now or timezone.now
         # Off only for tests that step time by hand through ``now``.
         self.follow_database_clock = follow_database_clock
+        self.exit_when_stuck = exit_when_stuck
         self.stats = ConsumerStats()
         self.metrics = metrics or ConsumerMetrics()
         self.using = router.db_for_write(self.model)
@@ -126,6 +137,8 @@ class Consumer:
         self._refreshed_at = time.monotonic()
         self._guard: LeaseGuard | None = None
         self._limited_connection: Any = None
+        # The last claim took a member over: the next lets due members go first.
+        self._took_over = False
 
     # -- the clock ------------------------------------------------------
 
@@ -165,8 +178,9 @@ class Consumer:
         shard = self.rota.next_due(due_ms)
         if shard is None:
             return Claim(members=[], next_score=self.rota.earliest())
-        claim = self.queue.shards[shard].claim(due_ms, self.batch_size,
-                                               now_score(now) + self.lease_ms, next(self._claims))
+        claim = self.queue.shards[shard].claim(due_ms, self.batch_size, now_score(now) + self.lease_ms,
+                                               next(self._claims), due_first=self._took_over)
+        self._took_over = claim.takeovers > 0
         self.rota.claimed(claim)
         return claim
 
@@ -233,7 +247,12 @@ class Consumer:
             return
         with self._guard.watching(claim.token, claim.members, session_id(connection),
                                   self.using) as batch:
-            yield batch
+            try:
+                yield batch
+            finally:
+                if batch.given_up.is_set():
+                    # Its session was ended under it: what follows (dead letters) needs a new one.
+                    connection.close()
 
     def _bury_taken_over(self, claim: Claim, now: datetime) -> BatchReport:
         """A member whose consumers kept dying with it: a dead letter, not another try.
@@ -352,7 +371,8 @@ class Consumer:
         Redis and database errors are logged and retried with backoff; in
         ``once`` mode they are raised, since the caller wants a verdict.
         """
-        self._guard = LeaseGuard(self.queue, self.lease_seconds, lambda: now_score(self.clock()))
+        self._guard = LeaseGuard(self.queue, self.lease_seconds, lambda: now_score(self.clock()),
+                                 on_stuck=self._exit_stuck if self.exit_when_stuck else None)
         try:
             if self.follow_database_clock:
                 try:
@@ -368,6 +388,12 @@ class Consumer:
             if self._listener is not None:
                 self._listener.close()
                 self._listener = None
+
+    @staticmethod
+    def _exit_stuck(batch: WatchedBatch) -> None:
+        """Leave the process now: the stuck thread cannot be freed, its leases are handed over."""
+        logging.shutdown()  # flush the CRITICAL line first
+        os._exit(EXIT_STUCK)
 
     def _run(self, once: bool) -> ConsumerStats:
         backoff = ERROR_BACKOFF_FIRST

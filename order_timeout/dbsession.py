@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,6 +21,9 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 logger = logging.getLogger("order_timeout")
+
+# MySQL/MariaDB's "Unknown thread id" from KILL: the session is gone already.
+MYSQL_UNKNOWN_THREAD = 1094
 
 
 class DatabaseNow(Now):
@@ -45,23 +50,70 @@ def database_now(using: str) -> datetime:
     return timezone.make_aware(value, UTC) if timezone.is_naive(value) else value
 
 
+def _limits(connection: BaseDatabaseWrapper, seconds: float) -> dict[str, Any]:
+    """The session variables that end a transaction idle, or a statement running, over ``seconds``."""
+    whole = max(1, math.ceil(seconds))
+    if connection.vendor == "postgresql":
+        return {"idle_in_transaction_session_timeout": f"{whole}s", "statement_timeout": f"{whole}s"}
+    if connection.vendor == "mysql" and getattr(connection, "mysql_is_mariadb", False):
+        return {"idle_transaction_timeout": whole, "max_statement_time": whole}
+    if connection.vendor == "mysql":
+        # MySQL has no idle-transaction limit (docs/design.md says what that costs).
+        return {"max_execution_time": whole * 1000}
+    return {}
+
+
+def _set(connection: BaseDatabaseWrapper, values: dict[str, Any]) -> None:
+    if not values:
+        return
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT " + ", ".join(["set_config(%s, %s, false)"] * len(values)),
+                           [str(part) for pair in values.items() for part in pair])
+        else:
+            cursor.execute("SET SESSION " + ", ".join(f"{name} = %s" for name in values), list(values.values()))
+
+
+def _read(connection: BaseDatabaseWrapper, names: list[str]) -> dict[str, Any]:
+    if not names:
+        return {}
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT " + ", ".join(["current_setting(%s)"] * len(names)), names)
+        else:
+            cursor.execute("SELECT " + ", ".join(f"@@SESSION.{name}" for name in names))
+        return dict(zip(names, cursor.fetchone(), strict=True))
+
+
 def limit_session(connection: BaseDatabaseWrapper, seconds: float) -> None:
     """Let the server end this session's transactions idle, or statements running, over ``seconds``.
 
     Server-side, so it holds while this process cannot act: frozen, or stuck
-    in a receiver. Only the consumer's own sessions get it.
+    in a receiver. For the consumer's own sessions, for good.
     """
-    whole = max(1, math.ceil(seconds))
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(f"SET idle_in_transaction_session_timeout = '{whole}s'")
-            cursor.execute(f"SET statement_timeout = '{whole}s'")
-        elif connection.vendor == "mysql" and getattr(connection, "mysql_is_mariadb", False):
-            cursor.execute(f"SET SESSION idle_transaction_timeout = {whole}, "
-                           f"max_statement_time = {whole}")
-        elif connection.vendor == "mysql":
-            # MySQL has no idle-transaction limit (docs/design.md says what that costs).
-            cursor.execute(f"SET SESSION max_execution_time = {whole * 1000}")
+    _set(connection, _limits(connection, seconds))
+
+
+@contextmanager
+def limited_session(using: str, seconds: float) -> Iterator[None]:
+    """``limit_session`` for a while, on a connection that is not ours (a Celery worker's, a request's).
+
+    The values it found are put back after; if the server ended the session
+    meanwhile, the connection is closed instead, and the next use opens a
+    fresh one.
+    """
+    connection = connections[using]
+    limits = _limits(connection, seconds)
+    previous = _read(connection, list(limits))
+    _set(connection, limits)
+    try:
+        yield
+    finally:
+        try:
+            _set(connection, previous)
+        except DatabaseError:
+            if not connection.in_atomic_block:
+                connection.close()
 
 
 def session_id(connection: BaseDatabaseWrapper) -> Any:
@@ -93,6 +145,10 @@ def end_session(using: str, sid: Any) -> bool:
                 return False
         return True
     except DatabaseError as exc:
+        if exc.args and exc.args[0] == MYSQL_UNKNOWN_THREAD:
+            # The server ended it first (its idle-transaction limit, a frozen consumer thawed).
+            logger.debug("Database session %s had already ended.", sid)
+            return True
         logger.warning("Could not end database session %s: %s", sid, exc)
         return False
     finally:

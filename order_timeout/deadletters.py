@@ -19,6 +19,8 @@ from django.db import router, transaction
 
 from .closing import close_expired
 from .codec import deadline_score, order_member
+from .conf import settings
+from .dbsession import limited_session
 from .exceptions import QueueUnavailable
 from .models import DeadLetter, TimeoutOrderMixin
 from .queue import TimeoutQueue
@@ -138,7 +140,9 @@ def close_now(letters: Iterable[DeadLetter], user: Any, now: datetime,
     counts: Counter[str] = Counter()
     for model, group in _open_by_model(letters).items():
         by_pk = {model._meta.pk.to_python(letter.order_id): letter for letter in group}
-        outcome = close_expired(model, list(by_pk))
+        # Bounded like a consumer's close: a hung receiver cannot keep the rows locked.
+        with limited_session(router.db_for_write(model), settings.LEASE_SECONDS):
+            outcome = close_expired(model, list(by_pk))
         with transaction.atomic(using=_db()):
             for pk in outcome.closed:
                 # Unconditional in effect: the close happened, whoever resolved the letter.

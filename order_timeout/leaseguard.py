@@ -8,6 +8,13 @@ receiver hangs in Python) and its leases are handed to the next claim at
 once, which takes the members over one at a time. A frozen consumer renews
 nothing: its leases run out, and the server's session limits end its
 transaction.
+
+A receiver stuck in Python (no database call to fail) keeps its thread even
+after that; no thread can be stopped from outside. A third of a lease after
+the give-up the guard reports it stuck: ``run_timeout_consumer`` then exits
+(``EXIT_STUCK``) so its supervisor starts a fresh one, as gunicorn does with a
+silent worker; the culprit's next consumers do the same until
+``MAX_TAKEOVERS`` buries it.
 """
 
 from __future__ import annotations
@@ -38,6 +45,9 @@ class WatchedBatch:
     using: str = "default"
     renewed_at: float = field(default_factory=time.monotonic)
     given_up: threading.Event = field(default_factory=threading.Event)
+    # time.monotonic() of the give-up; the batch still in hand a while later is stuck
+    given_up_at: float = 0.0
+    reported_stuck: bool = False
 
     def expired(self) -> bool:
         return self.given_up.is_set() or time.monotonic() >= self.deadline
@@ -46,11 +56,12 @@ class WatchedBatch:
 class LeaseGuard:
     """One thread per consumer, watching one batch at a time."""
 
-    def __init__(self, queue: TimeoutQueue, lease_seconds: float,
-                 clock_ms: Callable[[], int]) -> None:
+    def __init__(self, queue: TimeoutQueue, lease_seconds: float, clock_ms: Callable[[], int],
+                 on_stuck: Callable[[WatchedBatch], None] | None = None) -> None:
         self.queue = queue
         self.lease_seconds = lease_seconds
         self.clock_ms = clock_ms
+        self.on_stuck = on_stuck
         self._batch: WatchedBatch | None = None
         self._lock = threading.Lock()
         self._changed = threading.Event()
@@ -86,19 +97,27 @@ class LeaseGuard:
         while not self._closed.is_set():
             with self._lock:
                 batch = self._batch
-            if batch is None or batch.given_up.is_set():
-                self._changed.wait()
-                self._changed.clear()
+            if batch is None or batch.reported_stuck:
+                self._wait(None)
                 continue
             now = time.monotonic()
+            if batch.given_up.is_set():
+                if now >= batch.given_up_at + renew_every:
+                    self._stuck(batch)
+                else:
+                    self._wait(batch.given_up_at + renew_every)
+                continue
             if now >= batch.deadline:
                 self._give_up(batch)
                 continue
             if now - batch.renewed_at >= renew_every:
                 self._renew(batch)
-            wake_at = min(batch.renewed_at + renew_every, batch.deadline)
-            self._changed.wait(max(0.0, wake_at - time.monotonic()))
-            self._changed.clear()
+            self._wait(min(batch.renewed_at + renew_every, batch.deadline))
+
+    def _wait(self, until: float | None) -> None:
+        """Sleep until ``until`` (monotonic; None: for ever) or a change of batch."""
+        self._changed.wait(None if until is None else max(0.0, until - time.monotonic()))
+        self._changed.clear()
 
     def _renew(self, batch: WatchedBatch) -> None:
         batch.renewed_at = time.monotonic()
@@ -108,14 +127,30 @@ class LeaseGuard:
             logger.warning("Could not renew the leases of the batch in hand: %s", exc)
 
     def _give_up(self, batch: WatchedBatch) -> None:
-        batch.given_up.set()
-        logger.warning(
-            "Batch of %d still running after LEASE_SECONDS (%gs): giving it up; its database "
-            "session is ended and its members are taken over one at a time.",
-            len(batch.members), self.lease_seconds)
-        if batch.session is not None:
-            end_session(batch.using, batch.session)
+        # Under the lock: the batch cannot finish (and its session move on to the
+        # next statement, a dead letter's INSERT, a new batch) between the check
+        # that it is still in hand and the end of its session.
+        with self._lock:
+            if self._batch is not batch:
+                return
+            batch.given_up.set()
+            batch.given_up_at = time.monotonic()
+            logger.warning(
+                "Batch of %d still running after LEASE_SECONDS (%gs): giving it up; its database "
+                "session is ended and its members are taken over one at a time.",
+                len(batch.members), self.lease_seconds)
+            if batch.session is not None:
+                end_session(batch.using, batch.session)
         try:
             self.queue.renew(batch.token, batch.members, 0)
         except QueueUnavailable as exc:
             logger.warning("Could not hand over the leases of the batch given up: %s", exc)
+
+    def _stuck(self, batch: WatchedBatch) -> None:
+        batch.reported_stuck = True
+        logger.critical(
+            "The batch given up %.1fs ago is still in hand: a receiver is stuck outside the "
+            "database (members %s). This consumer can close nothing more.",
+            time.monotonic() - batch.given_up_at, ", ".join(batch.members[:20]))
+        if self.on_stuck is not None:
+            self.on_stuck(batch)

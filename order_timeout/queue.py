@@ -186,12 +186,19 @@ class Shard:
                     args=[token, *part]))
         return dropped
 
-    def claim(self, due_ms: int, limit: int, lease_until_ms: int, token: str) -> Claim:
+    def claim(self, due_ms: int, limit: int, lease_until_ms: int, token: str, *,
+              due_first: bool = False) -> Claim:
+        """Lease an expired lease's member alone, or up to ``limit`` due members.
+
+        Expired leases go first unless ``due_first``: a consumer alternates, so
+        a dead consumer's batch, taken over one member at a time, and the
+        orders falling due meanwhile each get every other claim.
+        """
         keys = self.keys
         with redis_errors("claim"):
             reply = self.scripts["claim"](
                 keys=[keys.pending, keys.leased, keys.owners, keys.takeovers],
-                args=[due_ms, limit, lease_until_ms, token],
+                args=[due_ms, limit, lease_until_ms, token, "due" if due_first else "takeover"],
             )
         next_score = _text(reply[0])
         return Claim(

@@ -123,6 +123,19 @@ def end_own_session() -> None:
             cursor.execute(f"KILL {int(cursor.fetchone()[0])}")
 
 
+def session_limits() -> tuple:
+    """This thread's session's time limits, as the server holds them."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT current_setting('idle_in_transaction_session_timeout'), "
+                           "current_setting('statement_timeout')")
+        else:
+            cursor.execute("SELECT @@SESSION.idle_transaction_timeout, @@SESSION.max_statement_time")
+        return tuple(cursor.fetchone())
+
+
 def set_isolation_level(level: str) -> None:
     """This thread's next transactions run at ``level`` ("READ COMMITTED", "REPEATABLE READ")."""
     from django.db import connection

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from datetime import timedelta
@@ -11,10 +12,15 @@ import pytest
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
+from order_timeout import unschedule
 from order_timeout.codec import now_score
+from order_timeout.compensation import compensate
 from order_timeout.conf import settings as order_settings
-from order_timeout.consumer import Consumer
+from order_timeout.consumer import EXIT_STUCK, Consumer
+from order_timeout.dbsession import end_session, session_id
+from order_timeout.deadletters import close_now
 from order_timeout.exceptions import OrderClosed
+from order_timeout.leaseguard import LeaseGuard
 from order_timeout.models import DeadLetter, Order
 from order_timeout.signals import order_expired
 
@@ -26,6 +32,7 @@ from .helpers import (
     keys_for,
     leased_members,
     pending_count,
+    session_limits,
     set_isolation_level,
     set_state,
     state,
@@ -76,12 +83,19 @@ def test_a_base_exception_in_one_receiver_of_a_batch_of_50_fails_that_order_alon
 
 @pytest.mark.slow
 @both_models
-def test_a_receiver_that_kills_its_consumer_is_dead_lettered_after_max_takeovers(
-        consumer_process, make_order, order_model, queue):
-    """Each death hands the batch on; members taken over are claimed alone, so 9 close."""
+@pytest.mark.parametrize("culprit, exit_code", [("SHOP_EXIT_ON_ORDER", 3), ("SHOP_HANG_ON_ORDER", EXIT_STUCK)],
+                         ids=["exits", "hangs"])
+def test_a_receiver_that_kills_or_hangs_its_consumer_is_dead_lettered_after_max_takeovers(
+        consumer_process, make_order, order_model, queue, culprit, exit_code):
+    """Each death hands the batch on; members taken over are claimed alone, so 9 close.
+
+    A receiver stuck outside the database keeps its thread for good: the
+    consumer gives the batch up, then leaves the process for its supervisor
+    to restart, rather than live on closing nothing.
+    """
     orders = [make_order(in_seconds=-1) for _ in range(10)]
     killer = orders[4]
-    env = {"ORDER_TIMEOUT_LEASE_SECONDS": "1", "SHOP_EXIT_ON_ORDER": str(killer.pk)}
+    env = {"ORDER_TIMEOUT_LEASE_SECONDS": "1", culprit: str(killer.pk)}
 
     codes = []
     for _ in range(8):
@@ -91,7 +105,8 @@ def test_a_receiver_that_kills_its_consumer_is_dead_lettered_after_max_takeovers
             break
         time.sleep(1.1)  # the dead consumer's leases run out
 
-    assert codes == [3, 3, 3, 3, 0], codes  # the original death, then MAX_TAKEOVERS (3) more
+    # The original death, then MAX_TAKEOVERS (3) more.
+    assert codes == [exit_code] * 4 + [0], codes
     assert count_in(order_model, "closed") == 9 and state(killer) == "unpaid"
     assert expiries(killer) == 0
     letter = DeadLetter.objects.get()
@@ -101,8 +116,8 @@ def test_a_receiver_that_kills_its_consumer_is_dead_lettered_after_max_takeovers
 
 
 def test_a_member_taken_over_once_is_claimed_alone(consumer, make_order, queue, clock):
-    orders = [make_order(in_seconds=-1) for _ in range(4)]
-    tainted = str(orders[0].pk)
+    orders = [make_order(in_seconds=-2)] + [make_order(in_seconds=-1) for _ in range(3)]
+    tainted = str(orders[0].pk)  # due first
     queue.client.hset(keys_for(queue, tainted).takeovers, tainted, 1)  # its last consumer died with it
 
     first = consumer(batch_size=10).claim(clock())
@@ -157,6 +172,80 @@ def test_a_hung_receiver_releases_its_row_locks_within_the_lease_and_a_payment_g
     assert paid is True and state(order) == "paid"
     assert expiries(order) == 0
     assert worker.stats.closed == 0
+
+
+def test_a_batch_that_finished_as_its_lease_ran_out_keeps_its_session(queue):
+    """The guard chose to give the batch up just as it finished: the session has moved on, untouched."""
+    guard = LeaseGuard(queue, 30, lambda: 0)
+    connection.ensure_connection()
+    with guard.watching("a-token", ["1"], session_id(connection), "default") as batch:
+        pass
+    late = threading.Thread(target=guard._give_up, args=(batch,))  # the guard thread, a moment late
+    late.start()
+    late.join(10)
+
+    with connection.cursor() as cursor:  # the next statement on it: a dead letter's INSERT, say
+        cursor.execute("SELECT 1")
+    assert not batch.given_up.is_set()
+
+
+def close_by_scan(order):
+    unschedule([order])  # a failover lost its member: the scan's to close
+    return compensate(now=timezone.now())
+
+
+def close_by_staff(order):
+    letter = DeadLetter.objects.create(order_model=type(order)._meta.label, order_id=str(order.pk),
+                                       attempts=4, error_type="builtins.RuntimeError",
+                                       first_failed_at=order.expires_at, last_failed_at=order.expires_at)
+    return close_now([letter], user=None, now=timezone.now())
+
+
+@both_models
+@pytest.mark.parametrize("close", [close_by_scan, close_by_staff], ids=["compensation-scan", "close-now"])
+def test_a_receiver_hung_outside_a_consumer_releases_its_row_locks_within_the_lease(
+        make_order, order_model, receiver, settings, close):
+    """The scan (a Celery worker) and an admin's close-now bound their row locks like a consumer."""
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "LEASE_SECONDS": 2}
+    order = make_order(in_seconds=-600)
+    inside, release = threading.Event(), threading.Event()
+
+    @receiver
+    def hang(sender, order, **kwargs):
+        inside.set()
+        release.wait(60)
+
+    closer = threading.Thread(target=lambda: close_quietly(close, order))
+    closer.start()
+    try:
+        assert inside.wait(20)
+        # Waits for the close's row lock, which LEASE_SECONDS bounds.
+        paid = order_model.objects.get(pk=order.pk).mark_paid()
+    finally:
+        release.set()
+        closer.join(30)
+
+    assert paid is True and state(order) == "paid"
+    assert expiries(order) == 0
+
+
+def close_quietly(close, order):
+    """Run a close in this thread; its session may be ended under it."""
+    try:
+        close(order)
+    except Exception:  # noqa: BLE001 - the test looks at the payment, not at this close
+        pass
+    finally:
+        connection.close()
+
+
+def test_the_scan_leaves_its_connections_session_limits_as_it_found_them(make_order, settings):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "LEASE_SECONDS": 2}
+    before = session_limits()
+
+    close_by_scan(make_order(in_seconds=-600))
+
+    assert session_limits() == before
 
 
 # -- one clock: the database's ------------------------------------------------------------
@@ -219,3 +308,12 @@ def test_paying_an_order_closed_meanwhile_raises_order_closed_under_any_isolatio
                 copy.extend_deadline(timezone.now() + timedelta(hours=1))
 
     assert state(order) == "closed"
+
+
+def test_ending_a_session_the_server_ended_already_is_no_warning(caplog):
+    """A frozen consumer thawed: its guard's KILL finds the session gone (idle-transaction limit)."""
+    with caplog.at_level(logging.DEBUG, logger="order_timeout"):
+        ended = end_session("default", 2**31 - 1)
+
+    assert ended is True
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []

@@ -9,12 +9,14 @@
   ARGV[2] limit      most members to claim
   ARGV[3] until      (ms): lease expiry given to every claimed member
   ARGV[4] token      this claim's token: ack, retry and reschedule must show it
+  ARGV[5] turn       "takeover": expired leases first; "due": due pending members first
+                     (the consumer alternates, so neither waits behind all of the other)
 
   Returns { next, takeovers, member... }:
   - An expired lease (its consumer died, froze or hung) is taken over alone:
     one member, its takeover count raised by one and returned as
     `takeovers`. Whatever killed that consumer can then only stall itself.
-  - Otherwise the due pending members, at most `limit`, deadline first. A
+  - Or the due pending members, at most `limit`, deadline first. A
     member taken over before is claimed alone as well: the batch stops
     before it, or, when it comes first, it is the batch (`takeovers` is then
     its count).
@@ -24,7 +26,7 @@
 ]]
 local rcall = redis.call
 local pending, leased, owners, takeovers = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local now, limit, lease_until, token = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local now, limit, lease_until, token, turn = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
 local now_number = tonumber(now)
 -- unpack() is bounded by Lua's C stack, so large batches go in slices.
 local step = 500
@@ -59,14 +61,14 @@ end
 -- Look before ranging: an idle claim costs two O(log n) reads and nothing else.
 local first_leased, first_pending = first(leased), first(pending)
 
-if first_leased and first_leased[2] <= now_number then
+local function take_over()
   local member = rcall('ZRANGEBYSCORE', leased, '-inf', now, 'LIMIT', 0, 1)[1]
   local count = rcall('HINCRBY', takeovers, member, 1)
   lease({ member })
   return { '', count, member }
 end
 
-if first_pending and first_pending[2] <= now_number then
+local function claim_due()
   local due = rcall('ZRANGEBYSCORE', pending, '-inf', now, 'LIMIT', 0, limit)
   -- Where the first member taken over before sits in the batch, if any.
   local tainted_at, tainted_count = nil, 0
@@ -97,6 +99,11 @@ if first_pending and first_pending[2] <= now_number then
   for _, member in ipairs(batch) do reply[#reply + 1] = member end
   return reply
 end
+
+local expired = first_leased and first_leased[2] <= now_number
+local due = first_pending and first_pending[2] <= now_number
+if expired and (turn ~= 'due' or not due) then return take_over() end
+if due then return claim_due() end
 
 local next_entry = earliest(first_pending, first_leased)
 return { next_entry and next_entry[1] or '', 0 }

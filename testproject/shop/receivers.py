@@ -5,7 +5,8 @@ drive a consumer in another process, two environment variables change its
 behaviour: SHOP_STALL_FILE makes the first delivery create that file and hang
 (so the test can kill the consumer mid-batch), SHOP_DELAY_SECONDS slows every
 delivery (so a batch is still in hand when a signal arrives), SHOP_EXIT_ON_ORDER
-ends the process when that order's turn comes.
+ends the process when that order's turn comes, SHOP_HANG_ON_ORDER hangs there
+for an hour.
 
 ``write_status_change`` and ``release_stock`` are the shop's own close, for
 ``ShopOrder``: its status history and its stock allocations follow the
@@ -28,6 +29,8 @@ logger = logging.getLogger("shop")
 def record_expiry(sender: Any, order: Any, **kwargs: Any) -> None:
     if os.environ.get("SHOP_EXIT_ON_ORDER") == str(order.pk):
         os._exit(3)  # a receiver that takes its process down (out of memory, a C crash)
+    if os.environ.get("SHOP_HANG_ON_ORDER") == str(order.pk):
+        time.sleep(3600)  # a receiver stuck outside the database (a call with no timeout)
     Expiry.objects.create(order_id=str(order.pk), model=sender._meta.label)
     logger.info("shop: released the stock of order %s", order.pk)
     stall_file = os.environ.get("SHOP_STALL_FILE")

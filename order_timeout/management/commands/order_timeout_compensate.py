@@ -48,8 +48,8 @@ class Command(BaseCommand):
                     f"{result.restored} {would}put back into Redis")
         else:
             text = (f"Scan: {result.examined} overdue unpaid orders found, {result.closed} closed, "
-                    f"{result.skipped_paid} paid meanwhile, {result.not_due} extended, "
-                    f"{result.failed} failed")
+                    f"{result.skipped_paid} settled meanwhile (paid, or closed by a consumer), "
+                    f"{result.not_due} extended, {result.failed} failed")
             if result.dry_run:
                 text = f"Scan (dry run): {result.examined} overdue unpaid orders would be closed"
         lock = "" if result.locked else " (Redis unreachable: ran without the lock)"

@@ -66,7 +66,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
-        consumer = Consumer(batch_size=options["batch_size"], max_wait=options["max_wait"])
+        # This process is only a consumer: leave it when a receiver is stuck for good.
+        consumer = Consumer(batch_size=options["batch_size"], max_wait=options["max_wait"],
+                            exit_when_stuck=True)
         if options["metrics_port"] is not None:
             try:
                 consumer.metrics.serve(options["metrics_port"], options["metrics_address"])
