@@ -17,28 +17,28 @@ class NotOurs(Exception):
 
 
 def claim(client: Any, where: str) -> None:
-    """Check that ``client``'s database is ours, then mark it so (a cluster: every master)."""
-    from redis.cluster import RedisCluster
+    """Check that ``client``'s database is ours, then mark it so.
 
-    nodes = ([node.redis_connection for node in client.get_primaries()]
-             if isinstance(client, RedisCluster) else [client])
-    for node in nodes:
-        keys = node.dbsize()
-        if keys and not node.exists(MARK):
-            raise NotOurs(
-                f"{where} holds {keys} keys the benchmark did not write; it empties the databases "
-                "it runs on, so point it at empty ones (BENCH_REDIS_URL, BENCH_BROKER_URL) or "
-                "empty this one yourself.")
-    for node in nodes:
-        node.set(MARK, "1")
+    A cluster counts as one database: the mark lives on whichever master owns
+    its slot, and the keys of every master count.
+    """
+    keys = _key_count(client)
+    if keys and not client.exists(MARK):
+        raise NotOurs(
+            f"{where} holds {keys} keys the benchmark did not write; it empties the databases "
+            "it runs on, so point it at empty ones (BENCH_REDIS_URL, BENCH_BROKER_URL) or "
+            "empty this one yourself.")
+    keep_mark(client)
 
 
 def keep_mark(client: Any) -> None:
-    """After a FLUSHDB: the database is still ours."""
+    """After a FLUSHDB (or a FLUSHALL on every master): the database is still ours."""
+    client.set(MARK, "1")
+
+
+def _key_count(client: Any) -> int:
     from redis.cluster import RedisCluster
 
     if isinstance(client, RedisCluster):
-        for node in client.get_primaries():
-            node.redis_connection.set(MARK, "1")
-    else:
-        client.set(MARK, "1")
+        return sum(node.redis_connection.dbsize() for node in client.get_primaries())
+    return int(client.dbsize())
