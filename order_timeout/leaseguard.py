@@ -10,8 +10,8 @@ nothing: its leases run out, and the server's session limits end its
 transaction.
 
 A receiver stuck in Python (no database call to fail) keeps its thread even
-after that; no thread can be stopped from outside. A third of a lease after
-the give-up the guard reports it stuck: ``run_timeout_consumer`` then exits
+after that; no thread can be stopped from outside. A third of a lease (at
+least a second) after the give-up the guard reports it stuck: ``run_timeout_consumer`` then exits
 (``EXIT_STUCK``) so its supervisor starts a fresh one, as gunicorn does with a
 silent worker; the culprit's next consumers do the same until
 ``MAX_TAKEOVERS`` buries it.
@@ -32,6 +32,10 @@ from .exceptions import QueueUnavailable
 from .queue import TimeoutQueue
 
 logger = logging.getLogger("order_timeout")
+
+# The least time between the give-up of a batch and the verdict that its
+# receiver is stuck, whatever LEASE_SECONDS.
+MIN_STUCK_SECONDS = 1.0
 
 
 @dataclass
@@ -94,6 +98,10 @@ class LeaseGuard:
 
     def _run(self) -> None:
         renew_every = self.lease_seconds / 3
+        # A batch that merely overran its lease comes back within milliseconds of
+        # the give-up (its next statement fails on the ended session); the floor
+        # keeps a short lease on a busy machine from reading that as stuck.
+        stuck_after = max(renew_every, MIN_STUCK_SECONDS)
         while not self._closed.is_set():
             with self._lock:
                 batch = self._batch
@@ -102,10 +110,10 @@ class LeaseGuard:
                 continue
             now = time.monotonic()
             if batch.given_up.is_set():
-                if now >= batch.given_up_at + renew_every:
+                if now >= batch.given_up_at + stuck_after:
                     self._stuck(batch)
                 else:
-                    self._wait(batch.given_up_at + renew_every)
+                    self._wait(batch.given_up_at + stuck_after)
                 continue
             if now >= batch.deadline:
                 self._give_up(batch)
