@@ -84,3 +84,22 @@ def receiver_kills(t: Tuning) -> Bound:
     takeovers = (t.max_takeovers + 1) * t.lease_seconds
     return Bound("receiver kills or hangs", takeovers + SLACK,
                  f"(MAX_TAKEOVERS+1) x LEASE {takeovers:g} + slack {SLACK:g}")
+
+
+def scan_stuck_others(t: Tuning) -> Bound:
+    """Orders of a chunk whose scan a receiver held: the hung scan, one that closes them
+    one at a time up to the culprit, one that closes the rest (the culprit last)."""
+    grace, interval = t.compensation_grace, t.compensation_interval
+    return Bound("scan held by a receiver", grace + 3 * interval + SLACK,
+                 f"GRACE {grace:g} + 3 x INTERVAL {3 * interval:g} + slack {SLACK:g}",
+                 plus_scan=True)
+
+
+def scan_stuck_culprit(t: Tuning) -> Bound:
+    """The order whose receiver holds every scan that closes it: buried by the scan after
+    MAX_TAKEOVERS + 1 of them exited, one a beat."""
+    grace, interval = t.compensation_grace, t.compensation_interval
+    scans = (t.max_takeovers + 2) * interval
+    return Bound("receiver holds the scan", grace + scans + SLACK,
+                 f"GRACE {grace:g} + (MAX_TAKEOVERS+2) x INTERVAL {scans:g} + slack {SLACK:g}",
+                 plus_scan=True)

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from order_timeout.stuck import EXIT_STUCK
+
 from .processes import is_stopped, spawn
 
 logger = logging.getLogger("chaos")
@@ -25,6 +27,8 @@ logger = logging.getLogger("chaos")
 # How a consumer's exit is accounted for.
 KILLED_BY_HARNESS = "killed by the harness"
 EXITED_IN_RECEIVER = "its receiver exited the process"
+# run_timeout_consumer's own exit when a receiver keeps its thread (EXIT_STUCK).
+EXITED_STUCK = "it exited, stuck in a receiver"
 STOPPED_BY_HARNESS = "stopped at the end"
 UNEXPECTED = "unexpected"
 
@@ -115,6 +119,8 @@ class ConsumerPool:
                 cause = KILLED_BY_HARNESS
             elif self.expected_status is not None and status == self.expected_status:
                 cause = EXITED_IN_RECEIVER
+            elif status == EXIT_STUCK:
+                cause = EXITED_STUCK
             else:
                 cause = UNEXPECTED
         self.exits.append(Exit(slot.number, slot.proc.pid, status, cause))

@@ -23,10 +23,11 @@ from django.utils import timezone
 from order_timeout import get_order_model
 from order_timeout.exceptions import QueueUnavailable
 from order_timeout.models import DeadLetter
+from order_timeout.stuck import EXIT_STUCK
 
 from . import invariants, orders, queueview
 from .beat import Beat
-from .consumers import EXITED_IN_RECEIVER, ConsumerPool
+from .consumers import EXITED_IN_RECEIVER, EXITED_STUCK, ConsumerPool
 from .models import Delivery, Payment, Role
 from .servers import Servers
 from .story import Check, Story
@@ -222,6 +223,7 @@ class Lab:
         freezes = sum(pool.freezes for pool in self.pools)
         receiver_exits = sum(1 for pool in self.pools for e in pool.exits
                              if e.cause == EXITED_IN_RECEIVER)
+        stuck_exits = sum(1 for pool in self.pools for e in pool.exits if e.cause == EXITED_STUCK)
         scans = [scan for beat in self.beats for scan in beat.scans]
         by_scan = self._retrying(lambda: Delivery.objects.filter(
             pid__in=[scan.pid for scan in scans]).count()) if scans else 0
@@ -231,8 +233,13 @@ class Lab:
             facts["consumers frozen"] = freezes
         if receiver_exits:
             facts["consumers taken down by a receiver"] = receiver_exits
+        if stuck_exits:
+            facts["consumers that exited stuck in a receiver (75)"] = stuck_exits
         facts["closed by the scan"] = by_scan
         facts["scans run"] = len(scans)
-        facts["scans failed"] = sum(1 for scan in scans if scan.status != 0)
+        facts["scans failed"] = sum(1 for scan in scans if scan.status not in (0, EXIT_STUCK))
+        if any(scan.status == EXIT_STUCK for scan in scans):
+            facts["scans that exited stuck in a receiver (75)"] = sum(
+                1 for scan in scans if scan.status == EXIT_STUCK)
         facts["longest scan tick (s)"] = round(self.scan_seconds, 2)
         return facts

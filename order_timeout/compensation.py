@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,6 +32,7 @@ from .exceptions import QueueUnavailable, RepeatedTakeover
 from .keyset import rows_by_deadline
 from .models import DeadLetter, TimeoutOrderMixin
 from .queue import TimeoutQueue
+from .stuck import exit_stuck, stuck_after, watchdog
 
 logger = logging.getLogger("order_timeout")
 
@@ -85,6 +87,7 @@ class CompensationScan:
         grace: float | None = None,
         chunk_size: int | None = None,
         progress: Progress | None = None,
+        exit_when_stuck: bool = False,
     ) -> None:
         self.model = model or get_order_model()
         self.queue = queue or TimeoutQueue.from_settings()
@@ -92,6 +95,10 @@ class CompensationScan:
         self.grace = timedelta(seconds=settings.COMPENSATION_GRACE if grace is None else grace)
         self.chunk_size = chunk_size or settings.COMPENSATION_CHUNK
         self.progress = progress
+        # For a process that is only this scan (the management command): a receiver
+        # stuck in its thread ends the process, as it ends run_timeout_consumer.
+        self.exit_when_stuck = exit_when_stuck
+        self._token: str | None = None
         self.lock_ms = round(1000 * settings.COMPENSATION_LOCK_SECONDS)
         self.result = ScanResult(mode="heal" if heal else "rebuild" if rebuild else "close",
                                  dry_run=dry_run)
@@ -102,7 +109,7 @@ class CompensationScan:
 
     def run(self) -> ScanResult:
         started = timezone.now()
-        token = uuid.uuid4().hex
+        token = self._token = uuid.uuid4().hex
         try:
             if not self.queue.acquire_lock(token, self.lock_ms):
                 logger.info("compensation scan skipped: another scan holds the lock")
@@ -193,7 +200,9 @@ class CompensationScan:
             earlier = self._scans_started(dropped)
             fresh = {member: pk for member, pk in dropped.items() if not earlier.get(member)}
             self._close_counted(fresh)
-            for member, pk in dropped.items():
+            # Fewest earlier scans first: the orders a stuck scan left behind close
+            # before the suspect that held it.
+            for member, pk in sorted(dropped.items(), key=lambda item: earlier.get(item[0], 0)):
                 if earlier.get(member, 0) > settings.MAX_TAKEOVERS:
                     self._bury(pk, earlier[member])
                     self._bookkeep("done_scanning", {member: pk})
@@ -211,7 +220,8 @@ class CompensationScan:
         for pks in batches:
             # A receiver that hangs here must not hold these rows locked for long:
             # the database ends the transaction after LEASE_SECONDS, as for a consumer.
-            with limited_session(router.db_for_write(self.model), settings.LEASE_SECONDS):
+            with (limited_session(router.db_for_write(self.model), settings.LEASE_SECONDS),
+                  self._watch(len(pks))):
                 outcome = close_expired(self.model, pks)
             self.result.closed += len(outcome.closed)
             self.result.skipped_paid += len(outcome.settled)
@@ -222,6 +232,25 @@ class CompensationScan:
                                pk, type(error).__name__, error, exc_info=error)
             self._forget([*outcome.closed, *outcome.settled])
             deadletters.resolve_settled(self.model, outcome.closed, outcome.settled, self.now)
+
+    def _watch(self, size: int) -> AbstractContextManager[None]:
+        if not self.exit_when_stuck:
+            return nullcontext()
+        # The database ends an idle transaction after LEASE_SECONDS; a receiver
+        # still in hand a while later is stuck outside it, for good.
+        seconds = settings.LEASE_SECONDS + stuck_after(settings.LEASE_SECONDS)
+
+        def stuck() -> None:
+            logger.critical(
+                "compensation scan: a chunk of %d orders is still closing %.0fs after it began: a "
+                "receiver is stuck outside the database. Exiting; the next scan closes these "
+                "orders one at a time and buries the stuck one after MAX_TAKEOVERS scans.",
+                size, seconds)
+            if self._token is not None:
+                self._release(self._token)  # the next beat need not wait for the lock to run out
+            exit_stuck()
+
+        return watchdog(seconds, stuck)
 
     def _dropped_by_consumers(self, members: dict[str, Any]) -> dict[str, Any]:
         """The overdue orders no consumer is handling: the scan's to close.

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import threading
 import time
 import uuid
@@ -37,6 +36,7 @@ from .metrics import ConsumerMetrics
 from .models import TimeoutOrderMixin
 from .queue import Claim, TimeoutQueue
 from .rota import ShardRota
+from .stuck import exit_stuck
 from .wakeups import WakeListener
 
 logger = logging.getLogger("order_timeout")
@@ -48,9 +48,6 @@ ERROR_BACKOFF_MAX = 30.0
 BUSY_RETRY_MS = 1000
 # The database-minus-host clock offset is the largest of this many recent readings.
 CLOCK_SAMPLES = 20
-# run_timeout_consumer's exit status when a receiver is stuck in its thread for good
-# (EX_TEMPFAIL: its supervisor should start it again).
-EXIT_STUCK = 75
 
 
 @dataclass
@@ -92,7 +89,7 @@ class Consumer:
 
     ``exit_when_stuck`` is for a process that is only a consumer
     (``run_timeout_consumer``): when a receiver stays stuck after its batch
-    was given up, the process exits with ``EXIT_STUCK`` for its supervisor to
+    was given up, the process exits with ``stuck.EXIT_STUCK`` for its supervisor to
     restart, rather than live on closing nothing.
     """
 
@@ -392,8 +389,7 @@ class Consumer:
     @staticmethod
     def _exit_stuck(batch: WatchedBatch) -> None:
         """Leave the process now: the stuck thread cannot be freed, its leases are handed over."""
-        logging.shutdown()  # flush the CRITICAL line first
-        os._exit(EXIT_STUCK)
+        exit_stuck()
 
     def _run(self, once: bool) -> ConsumerStats:
         backoff = ERROR_BACKOFF_FIRST

@@ -30,12 +30,9 @@ from typing import Any
 from .dbsession import end_session
 from .exceptions import QueueUnavailable
 from .queue import TimeoutQueue
+from .stuck import stuck_after
 
 logger = logging.getLogger("order_timeout")
-
-# The least time between the give-up of a batch and the verdict that its
-# receiver is stuck, whatever LEASE_SECONDS.
-MIN_STUCK_SECONDS = 1.0
 
 
 @dataclass
@@ -98,10 +95,7 @@ class LeaseGuard:
 
     def _run(self) -> None:
         renew_every = self.lease_seconds / 3
-        # A batch that merely overran its lease comes back within milliseconds of
-        # the give-up (its next statement fails on the ended session); the floor
-        # keeps a short lease on a busy machine from reading that as stuck.
-        stuck_after = max(renew_every, MIN_STUCK_SECONDS)
+        stuck_seconds = stuck_after(self.lease_seconds)
         while not self._closed.is_set():
             with self._lock:
                 batch = self._batch
@@ -110,10 +104,10 @@ class LeaseGuard:
                 continue
             now = time.monotonic()
             if batch.given_up.is_set():
-                if now >= batch.given_up_at + stuck_after:
+                if now >= batch.given_up_at + stuck_seconds:
                     self._stuck(batch)
                 else:
-                    self._wait(batch.given_up_at + stuck_after)
+                    self._wait(batch.given_up_at + stuck_seconds)
                 continue
             if now >= batch.deadline:
                 self._give_up(batch)

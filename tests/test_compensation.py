@@ -17,6 +17,7 @@ from order_timeout.codec import deadline_score, now_score
 from order_timeout.compensation import compensate
 from order_timeout.models import DeadLetter, Order
 from order_timeout.signals import order_expired
+from order_timeout.stuck import EXIT_STUCK
 from testproject.shop.models import Expiry
 
 from .conftest import PROJECT_ROOT, both_redis, database_url
@@ -285,22 +286,36 @@ def test_scan_closes_an_order_whose_retry_no_consumer_took_within_the_grace(make
 
 
 @pytest.mark.slow
-def test_a_receiver_that_kills_the_scan_is_dead_lettered_and_the_rest_is_closed(make_order, queue):
+@pytest.mark.parametrize("culprit, exit_code", [("SHOP_EXIT_ON_ORDER", 3), ("SHOP_HANG_ON_ORDER", EXIT_STUCK)],
+                         ids=["exits", "hangs"])
+def test_a_receiver_that_kills_or_hangs_the_scan_is_dead_lettered_and_the_rest_is_closed(
+        make_order, queue, culprit, exit_code):
+    """A receiver that hangs in the command's scan: the database ends the chunk's
+    transaction after LEASE_SECONDS and the command exits (EXIT_STUCK), releasing
+    its lock, like a scan that died."""
     orders = [make_order(in_seconds=-600 - i) for i in range(6)]
     killer = orders[2]
     queue.unschedule([str(o.pk) for o in orders])  # Redis lost them: the scan's to close
-    env = {**os.environ, "DATABASE_URL": database_url(), "SHOP_EXIT_ON_ORDER": str(killer.pk)}
+    env = {**os.environ, "DATABASE_URL": database_url(), culprit: str(killer.pk),
+           "ORDER_TIMEOUT_LEASE_SECONDS": "2"}
 
-    codes = []
+    codes, closed_after = [], []
     for _ in range(7):
         scan = subprocess.run([sys.executable, "manage.py", "order_timeout_compensate"],
                               cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=120)
         codes.append(scan.returncode)
+        closed_after.append(Order.objects.filter(pk__in=[o.pk for o in orders], status="closed").count())
         if scan.returncode == 0:
             break
-        queue.client.delete(queue.global_keys.compensation_lock)  # the dead scan's lock runs out
+        if exit_code == 3:
+            queue.client.delete(queue.global_keys.compensation_lock)  # the dead scan's lock runs out
+        else:
+            assert not queue.client.exists(queue.global_keys.compensation_lock)  # let go on the way out
 
-    assert codes == [3, 3, 3, 3, 0], codes  # the first scan, then one per allowed retry
+    assert codes == [exit_code] * 4 + [0], codes  # the first scan, then one per allowed retry
+    # The whole chunk rolled back; then one at a time, oldest first, up to the culprit; then
+    # the rest before the culprit (fewest earlier scans first), which never stalls them again.
+    assert closed_after == [0, 3, 5, 5, 5], closed_after
     assert [Order.objects.get(pk=o.pk).status for o in orders].count("closed") == 5
     letter = DeadLetter.objects.get()
     assert letter.order_id == str(killer.pk) and "compensation scans died" in letter.last_error

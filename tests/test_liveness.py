@@ -16,13 +16,14 @@ from order_timeout import unschedule
 from order_timeout.codec import now_score
 from order_timeout.compensation import compensate
 from order_timeout.conf import settings as order_settings
-from order_timeout.consumer import EXIT_STUCK, Consumer
+from order_timeout.consumer import Consumer
 from order_timeout.dbsession import end_session, session_id
 from order_timeout.deadletters import close_now
 from order_timeout.exceptions import OrderClosed
 from order_timeout.leaseguard import LeaseGuard
 from order_timeout.models import DeadLetter, Order
 from order_timeout.signals import order_expired
+from order_timeout.stuck import EXIT_STUCK
 
 from .conftest import both_models, running, wait_for
 from .helpers import (

@@ -26,7 +26,7 @@ class Command(BaseCommand):
         progress = self._draw_progress if self.stdout.isatty() else None
         try:
             result = compensate(rebuild=options["rebuild"], dry_run=options["dry_run"],
-                                progress=progress)
+                                progress=progress, exit_when_stuck=True)
         except OrderTimeoutError as exc:
             raise CommandError(str(exc)) from exc
         if progress:
