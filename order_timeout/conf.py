@@ -42,6 +42,10 @@ DEFAULTS: dict[str, Any] = {
     # Longest idle sleep of the consumer, in seconds: bounds how late it notices
     # a deadline added by another process while it sleeps.
     "MAX_WAIT": 1.0,
+    # Seconds a sleeping consumer waits past the deadline it wakes for, so the
+    # deadlines right behind it close in the same batch: fewer database
+    # statements per close under a steady stream, for at most this much lateness.
+    "BATCH_WINDOW": 0.003,
     # "app_label.ModelName" of the order model, a subclass of TimeoutOrderMixin.
     "ORDER_MODEL": "order_timeout.Order",
     # Seconds one Redis round trip may take when a save schedules its order
@@ -60,11 +64,13 @@ DEFAULTS: dict[str, Any] = {
     # Orders the scan reads, locks and closes per transaction.
     "COMPENSATION_CHUNK": 500,
     # Seconds the scan's Redis lock lives without being renewed (it is renewed
-    # after every chunk), so a crashed scan never blocks the next for long.
+    # before every chunk), so a crashed scan never blocks the next for long.
     "COMPENSATION_LOCK_SECONDS": 60,
 }
 
 MAX_BATCH_SIZE = 10_000
+# A window is a few milliseconds; one of a second would be lateness, not batching.
+MAX_BATCH_WINDOW = 0.1
 # More shards than a cluster has slots' worth of masters buys nothing.
 MAX_SHARDS = 1024
 _KEY_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:-]+$")
@@ -92,6 +98,12 @@ def _batch_size(key: str, value: Any) -> None:
 def _non_negative_number(key: str, value: Any) -> None:
     if not _is_number(value) or value < 0:
         raise _setting_error(key, f"must be a number of seconds >= 0, got {value!r}.")
+
+
+def _batch_window(key: str, value: Any) -> None:
+    if not _is_number(value) or not 0 <= value <= MAX_BATCH_WINDOW:
+        raise _setting_error(key, f"must be a number of seconds from 0 to {MAX_BATCH_WINDOW:g}, "
+                                  f"got {value!r}.")
 
 
 def _positive_int(key: str, value: Any) -> None:
@@ -138,6 +150,7 @@ VALIDATORS: dict[str, Callable[[str, Any], None]] = {
     "MAX_TAKEOVERS": _positive_int,
     "SCHEDULE_TIMEOUT": _positive_number,
     "MAX_WAIT": _positive_number,
+    "BATCH_WINDOW": _batch_window,
     "ORDER_MODEL": _model_label,
     "RETRY_DELAYS": _delays,
     "COMPENSATION_GRACE": _non_negative_number,

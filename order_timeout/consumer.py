@@ -100,6 +100,7 @@ class Consumer:
         *,
         batch_size: int | None = None,
         max_wait: float | None = None,
+        batch_window: float | None = None,
         lease_seconds: float | None = None,
         now: Callable[[], datetime] | None = None,
         follow_database_clock: bool = True,
@@ -112,6 +113,7 @@ class Consumer:
         if not 1 <= self.batch_size <= MAX_BATCH_SIZE:
             raise ValueError(f"batch_size must be from 1 to {MAX_BATCH_SIZE}, got {self.batch_size}")
         self.max_wait = max_wait if max_wait is not None else settings.MAX_WAIT
+        self.batch_window = batch_window if batch_window is not None else settings.BATCH_WINDOW
         self.lease_seconds = lease_seconds if lease_seconds is not None else settings.LEASE_SECONDS
         self.lease_ms = round(1000 * self.lease_seconds)
         self.retry_delays_ms = [round(1000 * delay) for delay in settings.RETRY_DELAYS]
@@ -447,9 +449,9 @@ class Consumer:
             self._wake.clear()
 
     def _idle_wait(self, next_score: int | None) -> float:
-        """Seconds to sleep: until the next deadline in Redis, at most ``max_wait``."""
+        """Seconds to sleep: until the next deadline in Redis and the batch window, at most ``max_wait``."""
         if next_score is None:
             return self.max_wait
-        wait = (next_score - now_score(self.clock())) / 1000
+        wait = (next_score - now_score(self.clock())) / 1000 + self.batch_window
         return min(max(wait, 0.0), self.max_wait)
 

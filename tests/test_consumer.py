@@ -570,6 +570,22 @@ def test_a_new_earlier_deadline_wakes_a_sleeping_consumer(make_order):
         wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed", timeout=10)
 
 
+@pytest.mark.parametrize("window, batches", [(0.15, [1]), (0.0, [2, 3])], ids=["window", "no-window"])
+def test_a_sleeping_consumer_closes_the_deadlines_within_its_batch_window_in_one_batch(make_order, window,
+                                                                                      batches):
+    """Three deadlines 40 ms apart: with a window of 150 ms, one batch (and so one
+    transaction); without, a batch per deadline. None closes before its deadline."""
+    orders = [make_order(in_seconds=1.0 + 0.04 * i) for i in range(3)]
+    worker = Consumer(max_wait=30, batch_window=window)
+    with running(worker):
+        wait_for(lambda: Order.objects.filter(status="closed").count() == 3, timeout=10)
+
+    assert worker.stats.batches in batches and worker.stats.closed == 3
+    for order in orders:
+        order.refresh_from_db()
+        assert order.closed_at >= order.expires_at
+
+
 def test_scheduling_publishes_a_wake_up_only_for_a_new_earliest_deadline(queue, redis_client, clock):
     pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
     pubsub.ssubscribe(queue.shards[0].keys.wake)

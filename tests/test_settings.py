@@ -43,6 +43,7 @@ def test_defaults_apply_when_the_setting_is_absent(no_order_timeout_setting):
     assert order_settings.BATCH_SIZE == 200
     assert order_settings.LEASE_SECONDS == 30
     assert order_settings.MAX_WAIT == 1.0
+    assert order_settings.BATCH_WINDOW == 0.003
     assert order_settings.DEFAULT_TIMEOUT == 1800
 
 
@@ -50,6 +51,7 @@ def test_defaults_apply_when_the_setting_is_absent(no_order_timeout_setting):
     ("BATCH_SIZE", 0), ("BATCH_SIZE", "200"), ("BATCH_SIZE", 10**6), ("BATCH_SIZE", True),
     ("LEASE_SECONDS", -1), ("LEASE_SECONDS", None), ("MAX_WAIT", 0), ("DEFAULT_TIMEOUT", "30m"),
     ("KEY_PREFIX", ""), ("KEY_PREFIX", "a{b}"), ("REDIS_ALIAS", ""), ("ORDER_MODEL", "Order"),
+    ("BATCH_WINDOW", -0.001), ("BATCH_WINDOW", 2), ("BATCH_WINDOW", "3ms"),
 ])
 def test_bad_value_raises_improperly_configured_naming_the_key(settings, key, value):
     settings.ORDER_TIMEOUT = {key: value}
