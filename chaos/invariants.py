@@ -60,6 +60,11 @@ class Verdict:
     def passed(self) -> bool:
         return all(check.ok for check in self.checks)
 
+    @property
+    def invariants_hold(self) -> bool:
+        """Every check but the lateness bounds."""
+        return all(check.ok for check in self.checks if not check.timing)
+
 
 def _naive_utc(moment: datetime | None) -> datetime:
     """How MariaDB's DATETIME columns hold an instant (Django stores UTC, naive)."""
@@ -261,7 +266,7 @@ def judge(story: Story, scan_seconds: float, more: list[Check]) -> Verdict:
         if row.bound_seconds is not None:
             checks.append(Check(f"{row.cohort}: within the bound ({row.bound_path})", row.within_bound,
                                 f"max {row.after_heal_max:.2f} s > {row.bound_seconds:.1f} s"
-                                if row.after_heal_max is not None else ""))
+                                if row.after_heal_max is not None else "", timing=True))
     return Verdict(figures, [*checks, *more, *story.checks])
 
 
