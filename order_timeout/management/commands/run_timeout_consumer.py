@@ -49,7 +49,8 @@ def port(text: str) -> int:
 
 
 class Command(BaseCommand):
-    help = "Close unpaid orders as their deadlines pass (claim -> close -> ack, until stopped)."
+    help = ("Close unpaid orders as their deadlines pass (claim -> close -> ack, until stopped). "
+            "Exits 75 when a receiver keeps its thread after its batch was given up: restart it.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--once", action="store_true",
