@@ -83,9 +83,11 @@ def baseline(lab: Lab) -> Story:
 @scenario("sigkill", "kill -9 a random consumer every ~1 s, restarted at once (as systemd would)")
 def sigkill_loop(lab: Lab) -> Story:
     # 2 ms per delivery (a receiver doing a query or two) keeps batches in hand long enough
-    # for the kills to land in them.
+    # for the kills to land in them. At 250 deadlines a second, not 400: with 2 ms a
+    # delivery and a consumer or two always restarting, 400 a second ran the 2-vCPU
+    # machine at capacity (batches of 50 taking 250 ms), where any death is a backlog.
     with lab.consumers(CONSUMERS, CHAOS_DELIVERY_DELAY=0.002) as pool, lab.beat():
-        created = lab.create_orders()
+        created = lab.create_orders(spread=1.6 * lab.sizes.spread)
         with repeatedly(1.0, pool.kill_one):
             lab.wait_until(lab.after(created.last_deadline, lab.tuning.lease_seconds))
         story = lab.settle(Story([Cohort("orders", Expect.CLOSED, bounds.consumer_death(lab.tuning))]))
