@@ -79,6 +79,14 @@ def receiver_fails(t: Tuning) -> Bound:
                  f"sum(RETRY_DELAYS) {delays:g} + slack {SLACK:g}")
 
 
+def receiver_fails_among_deaths(t: Tuning) -> Bound:
+    """A receiver that raises, in a run where other receivers kill or hang consumers: its
+    batch may be one of theirs, so one takeover can come before the retries."""
+    delays = sum(t.retry_delays)
+    return Bound("receiver raises, its batch taken over", t.lease_seconds + delays + SLACK,
+                 f"LEASE {t.lease_seconds:g} + sum(RETRY_DELAYS) {delays:g} + slack {SLACK:g}")
+
+
 def receiver_kills(t: Tuning) -> Bound:
     """A receiver that kills, hangs or outlives its consumer's lease: taken over, then a dead letter."""
     takeovers = (t.max_takeovers + 1) * t.lease_seconds

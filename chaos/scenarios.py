@@ -379,7 +379,7 @@ def receivers(lab: Lab) -> Story:
           lab.beat(**env)):
         lab.create_orders(spread=max(1.6 * sizes.spread, len(heavy) * every + 1), misbehaving=light,
                           spaced=(heavy, every), cohort="well-behaved")
-        fails, kills = bounds.receiver_fails(t), bounds.receiver_kills(t)
+        fails, kills = bounds.receiver_fails_among_deaths(t), bounds.receiver_kills(t)
         story = lab.settle(Story([
             Cohort("well-behaved", Expect.CLOSED, bounds.consumer_death(t)),
             Cohort(B.RAISE, Expect.CLOSED_OR_DEAD, fails),
