@@ -246,12 +246,13 @@ def test_pitfall_4_a_claim_takes_at_most_batch_size(consumer, make_order, queue,
 
 def test_idle_consumer_sleeps_until_the_next_deadline_not_max_wait(consumer, make_order, clock):
     make_order(in_seconds=0.25)
-    worker = consumer(max_wait=5)
+    worker = consumer(max_wait=5, batch_window=0.01)
 
     claim = worker.claim(clock())
 
     assert claim.members == []
-    assert worker._idle_wait(claim.next_score) == pytest.approx(0.25, abs=0.002)
+    # Until the deadline, and the batch window past it.
+    assert worker._idle_wait(claim.next_score) == pytest.approx(0.26, abs=0.002)
 
 
 def test_idle_consumer_sleeps_max_wait_when_nothing_is_pending(consumer, clock):
