@@ -44,6 +44,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--scenarios", default=",".join(default_names()),
                         help=f"Comma-separated; by default, in this order: {', '.join(default_names())}."
                              + (f" Known failures, by name only: {', '.join(by_name)}." if by_name else ""))
+    parser.add_argument("--skip", default="",
+                        help="Comma-separated scenarios to leave out of --scenarios.")
     parser.add_argument("--spread", type=float, default=None,
                         help="Seconds over which a scenario's deadlines fall (quick: 3, full: 25); "
                              "10 with 10,000 orders is the benchmark's 1,000 deadlines a second.")
@@ -58,9 +60,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--keep-logs", action="store_true",
                         help="Copy every scenario's logs to DIR/logs (failed ones are always copied).")
     args = parser.parse_args(argv)
-    unknown = [name for name in args.scenarios.split(",") if name not in SCENARIOS]
+    skipped = [name for name in args.skip.split(",") if name]
+    unknown = [name for name in [*args.scenarios.split(","), *skipped] if name not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+    args.scenarios = ",".join(name for name in args.scenarios.split(",") if name not in skipped)
     return args
 
 
