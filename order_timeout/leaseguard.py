@@ -11,9 +11,9 @@ transaction.
 
 A receiver stuck in Python (no database call to fail) keeps its thread even
 after that; no thread can be stopped from outside. A third of a lease (at
-least a second) after the give-up the guard reports it stuck: ``run_timeout_consumer`` then exits
-(``EXIT_STUCK``) so its supervisor starts a fresh one, as gunicorn does with a
-silent worker; the culprit's next consumers do the same until
+least a second) after the give-up the guard reports it stuck, and
+``run_timeout_consumer`` exits (``stuck.EXIT_STUCK``) so its supervisor
+starts a fresh one; the culprit's next consumers do the same until
 ``MAX_TAKEOVERS`` buries it.
 """
 
