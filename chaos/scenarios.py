@@ -129,18 +129,7 @@ def sigstop(lab: Lab) -> Story:
           aof=True)
 def redis_aof(lab: Lab) -> Story:
     redis = lab.servers.redis
-    with lab.consumers(CONSUMERS), lab.beat():
-        created = lab.create_orders()
-        lab.wait_until(_third_of_the_way(lab, created.first_deadline))
-        killed = lab.now()
-        redis.kill()
-        time.sleep(OUTAGE_SECONDS)
-        redis.start(aof=True)
-        healed = lab.now()
-        outage = (healed - killed).total_seconds()
-        story = lab.settle(Story([Cohort("orders", Expect.CLOSED, bounds.outage(lab.tuning, outage))],
-                                 heal_at=healed, facts={"Redis down (s)": round(outage, 1)}))
-    return story
+    return _server_down_a_while(lab, "Redis", redis.kill, lambda: redis.start(aof=True))
 
 
 @scenario("redis-empty", "Redis killed and restarted empty (no persistence): healed by the scan "
@@ -231,18 +220,28 @@ def redis_hung(lab: Lab) -> Story:
 @scenario("mariadb-kill", "MariaDB killed (kill -9) mid-run and restarted (InnoDB recovery)")
 def mariadb_kill(lab: Lab) -> Story:
     mariadb = lab.servers.mariadb
+
+    def kill() -> None:
+        mariadb.kill()
+        connections.close_all()  # the harness's own, dead with the server
+
+    return _server_down_a_while(lab, "MariaDB", kill, mariadb.start)
+
+
+def _server_down_a_while(lab: Lab, name: str, kill: Callable[[], None],
+                         start: Callable[[], None]) -> Story:
+    """A third into the deadlines, ``kill`` a server; ``start`` it OUTAGE_SECONDS later."""
     with lab.consumers(CONSUMERS), lab.beat():
         created = lab.create_orders()
         lab.wait_until(_third_of_the_way(lab, created.first_deadline))
         killed = lab.now()
-        mariadb.kill()
-        connections.close_all()
+        kill()
         time.sleep(OUTAGE_SECONDS)
-        mariadb.start()
+        start()
         healed = lab.now()
         outage = (healed - killed).total_seconds()
         return lab.settle(Story([Cohort("orders", Expect.CLOSED, bounds.outage(lab.tuning, outage))],
-                                heal_at=healed, facts={"MariaDB down (s)": round(outage, 1)}))
+                                heal_at=healed, facts={f"{name} down (s)": round(outage, 1)}))
 
 
 # -- the shop races, misbehaves, deletes ------------------------------------------------------------

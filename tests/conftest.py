@@ -32,6 +32,9 @@ from order_timeout.consumer import Consumer
 from order_timeout.models import TimeoutOrderMixin
 from order_timeout.queue import TimeoutQueue
 from order_timeout.scheduling import connect_receivers, disconnect_receivers
+from order_timeout.signals import order_expired
+
+from .holding import HeldReceiver
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -275,3 +278,27 @@ def private_redis(settings: Any) -> Iterator[PrivateRedis]:
                            ORDER_TIMEOUT={**settings.ORDER_TIMEOUT, "REDIS_ALIAS": "private"}):
         yield server
     server.stop()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Callable[[Callable[..., None]], Callable[..., None]]]:
+    """Connect a test receiver to order_expired for the length of the test."""
+    connected: list[Callable[..., None]] = []
+
+    def connect(func: Callable[..., None]) -> Callable[..., None]:
+        order_expired.connect(func, weak=False)
+        connected.append(func)
+        return func
+
+    yield connect
+    for func in connected:
+        order_expired.disconnect(func)
+
+
+@pytest.fixture
+def held_receiver(receiver: Callable[[Callable[..., None]], Callable[..., None]]) -> Iterator[HeldReceiver]:
+    """A receiver that holds each close inside its transaction until ``.release`` is set."""
+    held = HeldReceiver()
+    receiver(held)
+    yield held
+    held.release.set()

@@ -194,26 +194,17 @@ def test_scan_goes_on_without_its_lock_when_redis_goes_away_mid_scan(private_red
     assert all(Order.objects.get(pk=o.pk).status == "closed" for o in orders)
 
 
-def test_two_scans_started_together_one_runs_one_skips(make_order):
+def test_two_scans_started_together_one_runs_one_skips(make_order, held_receiver):
     for _ in range(3):
         make_order(in_seconds=-600)
-    inside, release = threading.Event(), threading.Event()
 
-    def slow(sender, order, **kwargs):
-        inside.set()
-        release.wait(10)
-
-    order_expired.connect(slow, weak=False)
     results = {}
-    try:
-        first = threading.Thread(target=lambda: results.setdefault("first", compensate()))
-        first.start()
-        assert inside.wait(10)
-        results["second"] = compensate()
-        release.set()
-        first.join(10)
-    finally:
-        order_expired.disconnect(slow)
+    first = threading.Thread(target=lambda: results.setdefault("first", compensate()))
+    first.start()
+    assert held_receiver.inside.wait(10)
+    results["second"] = compensate()
+    held_receiver.release.set()
+    first.join(10)
 
     assert results["second"].skipped and results["second"].closed == 0
     assert not results["first"].skipped and results["first"].closed == 3

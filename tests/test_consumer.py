@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import pytest
@@ -17,7 +16,7 @@ from order_timeout.codec import deadline_score, now_score
 from order_timeout.consumer import Consumer
 from order_timeout.exceptions import OrderClosed
 from order_timeout.models import Order
-from order_timeout.signals import order_expired, orders_expired
+from order_timeout.signals import orders_expired
 from testproject.shop.models import Expiry, Purchase
 
 from .conftest import Clock, both_models, both_redis, running, wait_for
@@ -32,23 +31,9 @@ from .helpers import (
     set_state,
     state,
 )
+from .holding import row_locked_elsewhere
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def receiver() -> Iterator[Callable[[Callable[..., None]], Callable[..., None]]]:
-    """Connect a test receiver to order_expired for the length of the test."""
-    connected: list[Callable[..., None]] = []
-
-    def connect(func: Callable[..., None]) -> Callable[..., None]:
-        order_expired.connect(func, weak=False)
-        connected.append(func)
-        return func
-
-    yield connect
-    for func in connected:
-        order_expired.disconnect(func)
 
 
 @both_redis
@@ -385,20 +370,14 @@ def test_once_stops_at_what_was_due_when_it_started(consumer, make_order, clock)
 
 
 @both_models
-def test_payment_racing_a_close_waits_for_the_lock_and_is_refused(make_order, order_model, receiver):
+def test_payment_racing_a_close_waits_for_the_lock_and_is_refused(make_order, order_model, held_receiver):
     """Whoever takes the row lock first wins; the loser learns it."""
     order = make_order(in_seconds=-1)
-    closing, go = threading.Event(), threading.Event()
-
-    @receiver
-    def slow_release(sender, order, **kwargs):
-        closing.set()
-        go.wait(10)
 
     worker = Consumer()
     consumer_thread = threading.Thread(target=worker.run, kwargs={"once": True})
     consumer_thread.start()
-    assert closing.wait(10)
+    assert held_receiver.inside.wait(10)
     payment: list[object] = []
 
     def pay():
@@ -411,7 +390,7 @@ def test_payment_racing_a_close_waits_for_the_lock_and_is_refused(make_order, or
     payer.start()
     payer.join(0.5)
     assert payer.is_alive()  # blocked on the row lock the close holds
-    go.set()
+    held_receiver.release.set()
     consumer_thread.join(10)
     payer.join(10)
 
@@ -534,23 +513,9 @@ def test_an_order_whose_row_is_locked_elsewhere_does_not_stall_its_batch(consume
     """A long transaction holds one row: the rest of the batch closes, that one is looked at again."""
     orders = [make_order(in_seconds=-1) for _ in range(3)]
     held = orders[1]
-    locked, release = threading.Event(), threading.Event()
 
-    def hold_the_row():
-        with transaction.atomic():
-            Order.objects.select_for_update().get(pk=held.pk)
-            locked.set()
-            release.wait(20)
-        connection.close()
-
-    holder = threading.Thread(target=hold_the_row)
-    holder.start()
-    try:
-        assert locked.wait(10)
+    with row_locked_elsewhere(Order, held.pk):
         stats = consumer().run(once=True)
-    finally:
-        release.set()
-        holder.join(10)
 
     assert [Order.objects.get(pk=o.pk).status for o in orders] == ["closed", "unpaid", "closed"]
     assert stats.failed == 0 and stats.rescheduled == 1

@@ -22,7 +22,6 @@ from order_timeout.deadletters import close_now
 from order_timeout.exceptions import OrderClosed
 from order_timeout.leaseguard import LeaseGuard
 from order_timeout.models import DeadLetter, Order
-from order_timeout.signals import order_expired
 from order_timeout.stuck import EXIT_STUCK
 
 from .conftest import both_models, running, wait_for
@@ -40,21 +39,6 @@ from .helpers import (
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def receiver():
-    """Connect a test receiver to order_expired for the length of the test."""
-    connected = []
-
-    def connect(func):
-        order_expired.connect(func, weak=False)
-        connected.append(func)
-        return func
-
-    yield connect
-    for func in connected:
-        order_expired.disconnect(func)
 
 
 # -- a receiver that raises anything ------------------------------------------------
@@ -152,22 +136,16 @@ def test_an_order_settled_before_its_last_takeover_is_let_go_without_a_dead_lett
 
 @both_models
 def test_a_hung_receiver_releases_its_row_locks_within_the_lease_and_a_payment_gets_its_answer(
-        make_order, order_model, receiver, settings, queue):
+        make_order, order_model, held_receiver, settings, queue):
     settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "LEASE_SECONDS": 2}
     order = make_order(in_seconds=-1)
-    inside, release = threading.Event(), threading.Event()
-
-    @receiver
-    def hang(sender, order, **kwargs):
-        inside.set()
-        release.wait(60)
 
     worker = Consumer(max_wait=0.05)
     with running(worker):
-        assert inside.wait(20)
+        assert held_receiver.inside.wait(20)
         # Waits for the close's row lock, which the lease bound ends.
         paid = order_model.objects.get(pk=order.pk).mark_paid()
-        release.set()
+        held_receiver.release.set()
         wait_for(lambda: pending_count(queue) == 0 and leased_members(queue) == [], timeout=20)
 
     assert paid is True and state(order) == "paid"
@@ -205,25 +183,19 @@ def close_by_staff(order):
 @both_models
 @pytest.mark.parametrize("close", [close_by_scan, close_by_staff], ids=["compensation-scan", "close-now"])
 def test_a_receiver_hung_outside_a_consumer_releases_its_row_locks_within_the_lease(
-        make_order, order_model, receiver, settings, close):
+        make_order, order_model, held_receiver, settings, close):
     """The scan (a Celery worker) and an admin's close-now bound their row locks like a consumer."""
     settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "LEASE_SECONDS": 2}
     order = make_order(in_seconds=-600)
-    inside, release = threading.Event(), threading.Event()
-
-    @receiver
-    def hang(sender, order, **kwargs):
-        inside.set()
-        release.wait(60)
 
     closer = threading.Thread(target=lambda: close_quietly(close, order))
     closer.start()
     try:
-        assert inside.wait(20)
+        assert held_receiver.inside.wait(20)
         # Waits for the close's row lock, which LEASE_SECONDS bounds.
         paid = order_model.objects.get(pk=order.pk).mark_paid()
     finally:
-        release.set()
+        held_receiver.release.set()
         closer.join(30)
 
     assert paid is True and state(order) == "paid"

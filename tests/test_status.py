@@ -7,11 +7,9 @@ import json
 import os
 import subprocess
 import sys
-import threading
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection, transaction
 from django.utils import timezone
 
 from order_timeout.codec import now_score
@@ -20,6 +18,7 @@ from order_timeout.models import DeadLetter, Order
 
 from .conftest import PROJECT_ROOT, both_models, both_redis, database_url
 from .helpers import claim_everywhere, claim_next, keys_for, score_of
+from .holding import row_locked_elsewhere
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -160,19 +159,8 @@ def test_status_counts_unpaid_orders_without_a_deadline(make_order, order_model)
 def test_status_shows_a_row_locked_elsewhere_for_long_and_can_alert_on_it(make_order, queue, clock,
                                                                          consumer):
     order = make_order(in_seconds=-1)
-    held, release = threading.Event(), threading.Event()
 
-    def hold_the_row():
-        with transaction.atomic():
-            Order.objects.select_for_update().get(pk=order.pk)
-            held.set()
-            release.wait(20)
-        connection.close()
-
-    holder = threading.Thread(target=hold_the_row)
-    holder.start()
-    try:
-        assert held.wait(10)
+    with row_locked_elsewhere(Order, order.pk):
         worker = consumer()
         worker.run(once=True)
         for _ in range(3):  # every claim a second later finds it locked again
@@ -183,9 +171,6 @@ def test_status_shows_a_row_locked_elsewhere_for_long_and_can_alert_on_it(make_o
         numbers = status()
         with pytest.raises(CommandError, match="locked elsewhere for 9") as raised:
             status("--max-busy-age", "60")
-    finally:
-        release.set()
-        holder.join(10)
 
     assert numbers["busy"] == 1 and numbers["oldest_busy_age_seconds"] >= 90
     assert raised.value.returncode == 2
