@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from argparse import ArgumentTypeError
+from dataclasses import dataclass
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -25,18 +26,43 @@ def non_negative(text: str) -> float:
     return value
 
 
-# option -> (figure, how a crossing reads)
+@dataclass(frozen=True)
+class Threshold:
+    """One --max-... option: the figure it watches, and what it says."""
+
+    figure: str
+    help: str
+    # How a crossing reads, with {value} and {limit}.
+    crossed: str
+
+
 THRESHOLDS = {
-    "max_overdue": ("overdue_unpaid_in_database",
-                    "{value} overdue unpaid orders > --max-overdue {limit:g}"),
-    "max_age": ("oldest_due_age_seconds", "oldest due member waited {value:g}s > --max-age {limit:g}"),
-    "max_dead_letters": ("dead_letters", "{value} open dead letters > --max-dead-letters {limit:g}"),
-    "max_busy_age": ("oldest_busy_age_seconds",
-                     "an order's row has been locked elsewhere for {value:g}s > --max-busy-age {limit:g}"),
-    "max_taken_over": ("taken_over", "{value} orders taken over from dead consumers "
-                                     "> --max-taken-over {limit:g}"),
-    "max_drift": ("drift", "{value} unpaid orders with a deadline are missing from Redis "
-                           "> --max-drift {limit:g}"),
+    "max_overdue": Threshold(
+        "overdue_unpaid_in_database",
+        "Fail when more unpaid orders than this are past their deadline in the database.",
+        "{value} overdue unpaid orders > --max-overdue {limit:g}"),
+    "max_age": Threshold(
+        "oldest_due_age_seconds",
+        "Fail when the oldest due member has waited longer than this many seconds to be claimed.",
+        "oldest due member waited {value:g}s > --max-age {limit:g}"),
+    "max_dead_letters": Threshold(
+        "dead_letters",
+        "Fail when more dead letters than this wait for staff.",
+        "{value} open dead letters > --max-dead-letters {limit:g}"),
+    "max_busy_age": Threshold(
+        "oldest_busy_age_seconds",
+        "Fail when an order's row has kept a consumer out (locked by another transaction) for "
+        "longer than this many seconds.",
+        "an order's row has been locked elsewhere for {value:g}s > --max-busy-age {limit:g}"),
+    "max_taken_over": Threshold(
+        "taken_over",
+        "Fail when more orders than this were taken over from consumers that died, froze or "
+        "overran their lease.",
+        "{value} orders taken over from dead consumers > --max-taken-over {limit:g}"),
+    "max_drift": Threshold(
+        "drift",
+        "Fail when more unpaid orders with a deadline than this are missing from Redis.",
+        "{value} unpaid orders with a deadline are missing from Redis > --max-drift {limit:g}"),
 }
 
 
@@ -45,23 +71,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="One JSON object, for machines.")
-        parser.add_argument("--max-overdue", type=non_negative, default=None,
-                            help="Fail when more unpaid orders than this are past their deadline "
-                                 "in the database.")
-        parser.add_argument("--max-age", type=non_negative, default=None,
-                            help="Fail when the oldest due member has waited longer than this "
-                                 "many seconds to be claimed.")
-        parser.add_argument("--max-dead-letters", type=non_negative, default=None,
-                            help="Fail when more dead letters than this wait for staff.")
-        parser.add_argument("--max-busy-age", type=non_negative, default=None,
-                            help="Fail when an order's row has kept a consumer out (locked by "
-                                 "another transaction) for longer than this many seconds.")
-        parser.add_argument("--max-taken-over", type=non_negative, default=None,
-                            help="Fail when more orders than this were taken over from consumers "
-                                 "that died, froze or overran their lease.")
-        parser.add_argument("--max-drift", type=non_negative, default=None,
-                            help="Fail when more unpaid orders with a deadline than this are "
-                                 "missing from Redis.")
+        for option, threshold in THRESHOLDS.items():
+            parser.add_argument("--" + option.replace("_", "-"), type=non_negative, default=None,
+                                help=threshold.help)
         parser.add_argument("--no-drift", action="store_true",
                             help="Skip the drift count, which reads every unpaid row with a "
                                  "deadline.")
@@ -75,9 +87,9 @@ class Command(BaseCommand):
             raise CommandError(f"Cannot read the queue: {exc}") from exc
         self._print(health, as_json=options["json"])
         crossed = [
-            message.format(value=getattr(health, figure), limit=options[option])
-            for option, (figure, message) in THRESHOLDS.items()
-            if options[option] is not None and getattr(health, figure) > options[option]
+            threshold.crossed.format(value=getattr(health, threshold.figure), limit=options[option])
+            for option, threshold in THRESHOLDS.items()
+            if options[option] is not None and getattr(health, threshold.figure) > options[option]
         ]
         if crossed:
             raise CommandError("; ".join(crossed), returncode=THRESHOLD_CROSSED)
