@@ -100,3 +100,7 @@ class GlobalKeys:
     def scanning(self) -> str:
         """Hash: member = order id the scan started closing, value = scans that did not finish it."""
         return f"{{{self.prefix}}}:scanning"
+
+    def all(self) -> list[str]:
+        """Every key of the queue as a whole that holds data."""
+        return [self.compensation_lock, self.drift, self.scanning]

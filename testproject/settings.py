@@ -5,6 +5,7 @@ REDIS_URL (default: redis://127.0.0.1:6379/0) from the environment.
 """
 
 import os
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +31,10 @@ INSTALLED_APPS = [
 ]
 if os.environ.get("BENCH") == "1":  # the benchmark's commit-time recorder (bench/)
     INSTALLED_APPS.append("bench")
-try:  # django-celery-beat users: see order_timeout.beat.install_periodic_task()
-    import django_celery_beat  # noqa: F401
-
+# django-celery-beat users: see order_timeout.beat.install_periodic_task(). Only where
+# Celery itself is installed (the demo's environment has neither).
+if find_spec("celery") is not None and find_spec("django_celery_beat") is not None:
     INSTALLED_APPS.append("django_celery_beat")
-except ImportError:
-    pass
 
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
