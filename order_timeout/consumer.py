@@ -216,7 +216,8 @@ class Consumer:
                                             for pk in outcome.busy}, busy_since_ms=now_score(now))
         if outcome.abandoned:
             # Hand them to the next claim at once, each alone (the guard did, unless it was not there).
-            self.queue.renew(claim.token, [by_pk[pk] for pk in outcome.abandoned], 0)
+            self.queue.hand_over(claim.token, [by_pk[pk] for pk in outcome.abandoned],
+                                 now_score(self.clock()))
         dead = self._retry_or_bury(claim.token, outcome.failed, by_pk, now)
         self.metrics.batch(
             {"closed": len(outcome.closed), "settled": len(outcome.settled),

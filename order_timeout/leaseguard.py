@@ -144,7 +144,7 @@ class LeaseGuard:
             if batch.session is not None:
                 end_session(batch.using, batch.session)
         try:
-            self.queue.renew(batch.token, batch.members, 0)
+            self.queue.hand_over(batch.token, batch.members, self.clock_ms())
         except QueueUnavailable as exc:
             logger.warning("Could not hand over the leases of the batch given up: %s", exc)
 

@@ -142,13 +142,20 @@ class BacklogCollector:
             for shard, stats in per_shard.items():
                 family.add_metric([str(shard)], getattr(stats, field))
             yield family
-        oldest = GaugeMetricFamily("order_timeout_oldest_due_age_seconds",
-                                   "How long the oldest due member has waited to be claimed.",
-                                   labels=["shard"])
-        for shard, stats in per_shard.items():
-            age = (now_score(now) - stats.oldest_due_ms) / 1000 if stats.oldest_due_ms else 0.0
-            oldest.add_metric([str(shard)], age)
-        yield oldest
+        ages = {
+            "order_timeout_oldest_due_age_seconds": (
+                "How long the oldest due member (or expired lease) has waited to be claimed.",
+                "oldest_due_ms"),
+            "order_timeout_oldest_busy_age_seconds": (
+                "How long the member found locked elsewhere longest ago has been kept out by that lock.",
+                "oldest_busy_ms"),
+        }
+        for name, (text, field) in ages.items():
+            family = GaugeMetricFamily(name, text, labels=["shard"])
+            for shard, stats in per_shard.items():
+                since = getattr(stats, field)
+                family.add_metric([str(shard)], 0.0 if since is None else max(now_score(now) - since, 0) / 1000)
+            yield family
         yield GaugeMetricFamily("order_timeout_dead_letters", "Open dead letters waiting for staff.",
                                 value=DeadLetter.objects.filter(resolved_at__isnull=True).count())
         if drift is not None:

@@ -214,7 +214,8 @@ class Shard:
         with redis_errors("schedule retries"):
             for part in _slices(members):
                 reply = self.scripts["retry"](
-                    keys=[keys.pending, keys.leased, keys.owners, keys.attempts, keys.first_failure],
+                    keys=[keys.pending, keys.leased, keys.owners, keys.attempts, keys.first_failure,
+                          keys.busy],
                     args=[token, now_ms, len(delays_ms), *delays_ms, *part],
                 )
                 retries += [
@@ -386,8 +387,16 @@ class TimeoutQueue:
                    for shard, part in self.by_shard(deadlines).items())
 
     def renew(self, token: str, members: Iterable[str], until_ms: int) -> int:
-        """Move the leases this claim holds to ``until_ms`` (in the past: hand them over now)."""
+        """Move the leases this claim holds to ``until_ms``."""
         return sum(shard.renew(token, part, until_ms) for shard, part in self.by_shard(members).items())
+
+    def hand_over(self, token: str, members: Iterable[str], now_ms: int) -> int:
+        """Let the leases this claim holds run out now: the next claims take them over.
+
+        Scored with the moment of the hand-over (not 0), so the backlog's
+        "oldest due" age counts from when they became claimable again.
+        """
+        return self.renew(token, members, now_ms)
 
     def next_scores(self) -> dict[int, int | None]:
         """Each shard's earliest score (pending deadline or lease expiry), in one round trip."""
@@ -427,6 +436,13 @@ class TimeoutQueue:
 
     def shard_stats(self, now_ms: int) -> dict[int, QueueStats]:
         return {shard.index: shard.stats(now_ms) for shard in self.shards}
+
+    def delete_all_keys(self) -> None:
+        """Delete every key of this queue and nothing else (one command per hash tag)."""
+        with redis_errors("delete the queue's keys"):
+            for shard in self.shards:
+                self.client.delete(*shard.keys.all())
+            self.client.delete(*self.global_keys.all())
 
     # -- the compensation scan's bookkeeping ------------------------------------
 

@@ -16,7 +16,7 @@ from order_timeout.codec import now_score
 from order_timeout.consumer import Consumer
 from order_timeout.models import DeadLetter, Order
 
-from .conftest import PROJECT_ROOT, both_models, both_redis, database_url
+from .conftest import PROJECT_ROOT, both_models, both_redis, database_url, running, wait_for
 from .helpers import claim_everywhere, claim_next, keys_for, score_of
 from .holding import row_locked_elsewhere
 
@@ -184,3 +184,69 @@ def test_status_counts_orders_taken_over_from_dead_consumers(make_order, queue, 
     assert status()["taken_over"] == 1
     with pytest.raises(CommandError, match="1 orders taken over"):
         status("--max-taken-over", "0")
+
+
+def test_orders_of_a_batch_given_up_wait_since_the_hand_over_in_status_and_gauge(
+        make_order, queue, held_receiver, settings):
+    """The guard hands a batch over at once (its leases run out now): the age counts from then,
+    in the status command and in the metrics gauge alike."""
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "LEASE_SECONDS": 1}
+    make_order(in_seconds=-1)
+
+    worker = Consumer(max_wait=0.05)
+    with running(worker):
+        assert held_receiver.inside.wait(20)
+        wait_for(lambda: queue.stats(now_score(timezone.now())).expired_leases == 1, timeout=20)
+        numbers = status("--no-drift")
+        gauge = backlog_gauge("order_timeout_oldest_due_age_seconds")
+        held_receiver.release.set()
+
+    assert numbers["expired_leases"] == 1
+    assert 0 <= numbers["oldest_due_age_seconds"] < 60
+    assert 0 < gauge < 60
+
+
+def test_a_failed_close_of_an_order_found_locked_before_is_no_longer_busy(
+        make_order, queue, clock, consumer, receiver):
+    order = make_order(in_seconds=-1)
+    worker = consumer()
+    with row_locked_elsewhere(Order, order.pk):
+        worker.run(once=True)
+    assert status("--no-drift")["busy"] == 1
+
+    @receiver
+    def refuse(sender, order, **kwargs):
+        raise RuntimeError("the stock service is down")
+
+    clock.advance(1)
+    stats = worker.run(once=True)
+
+    assert stats.failed == 1
+    assert status("--no-drift")["busy"] == 0
+    assert backlog_gauge("order_timeout_busy") == 0
+
+
+def test_a_row_locked_for_long_shows_in_the_oldest_busy_age_gauge(make_order, queue, clock, consumer):
+    """What the OrderTimeoutRowLocked alert of docs/operations.md reads."""
+    order = make_order(in_seconds=-1)
+    with row_locked_elsewhere(Order, order.pk):
+        worker = consumer()
+        worker.run(once=True)
+        member = str(order.pk)  # as if that claim was 150 s ago, and every claim since found it locked
+        queue.client.zadd(keys_for(queue, member).busy, {member: now_score(timezone.now()) - 150_000},
+                          xx=True)
+        clock.advance(1)
+        worker.run(once=True)
+        age = backlog_gauge("order_timeout_oldest_busy_age_seconds")
+
+    assert 150 <= age < 200
+
+
+def backlog_gauge(name: str) -> float:
+    """The value of a backlog gauge, summed over shards (max for ages), as Prometheus scrapes it."""
+    from order_timeout.metrics import backlog_registry
+
+    samples = [sample.value for family in backlog_registry().collect() if family.name == name
+               for sample in family.samples]
+    assert samples, f"no gauge {name}"
+    return max(samples) if name.endswith("_seconds") else sum(samples)
