@@ -98,7 +98,7 @@ class ConsumerMetrics:
         if self.enabled:
             self.errors.labels(kind).inc()
 
-    def serve(self, port: int, address: str = "") -> None:
+    def serve(self, port: int, address: str = "0.0.0.0") -> None:
         """Serve this registry and the backlog on ``port`` (a thread of its own)."""
         if not self.enabled:
             raise RuntimeError("--metrics-port needs prometheus-client: pip install "

@@ -15,6 +15,8 @@ from order_timeout.conf import MAX_BATCH_SIZE
 from order_timeout.consumer import Consumer
 from order_timeout.exceptions import ImmediateShutdown, OrderTimeoutError
 
+# prometheus-client resolves the address (getaddrinfo): "" is no address on newer releases.
+ALL_INTERFACES = "0.0.0.0"
 VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 
 
@@ -62,8 +64,9 @@ class Command(BaseCommand):
         parser.add_argument("--metrics-port", type=port, default=None,
                             help="Serve Prometheus metrics (this consumer's counters and the "
                                  "backlog) on this port; needs the 'metrics' extra.")
-        parser.add_argument("--metrics-address", default="",
-                            help="Address to serve metrics on (default: all interfaces).")
+        parser.add_argument("--metrics-address", default=ALL_INTERFACES,
+                            help=f"Address to serve metrics on (default: {ALL_INTERFACES}, all IPv4 "
+                                 "interfaces; :: for IPv6).")
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
