@@ -12,6 +12,15 @@ from . import get_order_model
 from .conf import settings
 
 
+def _not_a_dict(alias: str, entry: Any) -> checks.Error:
+    return checks.Error(
+        f"CACHES[{alias!r}] is a {type(entry).__name__}, not a dict of cache settings.",
+        hint="Write it out in full, e.g. {'BACKEND': 'django.core.cache.backends.locmem.LocMemCache'} "
+             "(a '{...}' copied from documentation is a set holding Ellipsis).",
+        id="order_timeout.E010",
+    )
+
+
 @checks.register(checks.Tags.compatibility)
 def check_redis_alias(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     alias = settings.REDIS_ALIAS
@@ -22,6 +31,8 @@ def check_redis_alias(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
             hint="Add a django-redis cache under that alias, or point REDIS_ALIAS at one.",
             id="order_timeout.E001",
         )]
+    if not isinstance(caches[alias], dict):
+        return [_not_a_dict(alias, caches[alias])]
     backend = str(caches[alias].get("BACKEND", ""))
     if not backend.startswith("django_redis."):
         return [checks.Error(
@@ -166,8 +177,11 @@ def check_dedicated_alias(app_configs: Any = None, **kwargs: Any) -> list[checks
 
     alias = settings.REDIS_ALIAS
     caches = django_settings.CACHES
-    if alias not in caches:
-        return []
+    if alias not in caches or not isinstance(caches[alias], dict):
+        return []  # check_redis_alias reports it
+    default = caches.get(DEFAULT_CACHE_ALIAS)
+    if alias != DEFAULT_CACHE_ALIAS and default is not None and not isinstance(default, dict):
+        return [_not_a_dict(DEFAULT_CACHE_ALIAS, default)]
     shared = alias == DEFAULT_CACHE_ALIAS or (
         DEFAULT_CACHE_ALIAS in caches
         and caches[DEFAULT_CACHE_ALIAS].get("LOCATION") == caches[alias].get("LOCATION"))

@@ -196,3 +196,22 @@ def test_deploy_check_says_when_it_cannot_reach_redis(private_redis):
     private_redis.stop()
 
     assert [m.id for m in check_redis_server()] == ["order_timeout.W008"]
+
+
+def test_a_cache_entry_that_is_not_a_dict_is_reported_not_a_crash(settings):
+    """The README's snippet once read ``"default": {...},``: pasted as written, that is a set."""
+    settings.CACHES = {"default": {...}, "order_timeout": settings.CACHES["order_timeout"]}
+
+    messages = [*check_redis_alias(), *check_dedicated_alias()]
+
+    assert [m.id for m in messages] == ["order_timeout.E010"]
+    assert "CACHES['default']" in messages[0].msg and "set" in messages[0].msg
+
+
+def test_a_queue_cache_entry_that_is_not_a_dict_is_reported_not_a_crash(settings):
+    settings.CACHES = {"default": settings.CACHES["default"], "order_timeout": ["redis://x"]}
+
+    messages = [*check_redis_alias(), *check_dedicated_alias()]
+
+    assert [m.id for m in messages] == ["order_timeout.E010"]
+    assert "CACHES['order_timeout']" in messages[0].msg
