@@ -108,18 +108,24 @@ def check_status_declarations(model: Any) -> list[checks.CheckMessage]:
 
 def _declared_values(model: Any, field: Any) -> list[checks.CheckMessage]:
     unpaid = tuple(model.TIMEOUT_UNPAID_STATUSES)
+    drafts = tuple(model.TIMEOUT_DRAFT_STATUSES)
     declared = {"TIMEOUT_UNPAID_STATUSES": unpaid, "TIMEOUT_PAID_STATUS": (model.TIMEOUT_PAID_STATUS,),
-                "TIMEOUT_CLOSED_STATUS": (model.TIMEOUT_CLOSED_STATUS,)}
+                "TIMEOUT_CLOSED_STATUS": (model.TIMEOUT_CLOSED_STATUS,), "TIMEOUT_DRAFT_STATUSES": drafts}
     errors: list[checks.CheckMessage] = []
+    settled = (model.TIMEOUT_PAID_STATUS, model.TIMEOUT_CLOSED_STATUS)
     if not unpaid or isinstance(model.TIMEOUT_UNPAID_STATUSES, str) or \
+            isinstance(model.TIMEOUT_DRAFT_STATUSES, str) or \
             model.TIMEOUT_PAID_STATUS in unpaid or model.TIMEOUT_CLOSED_STATUS in unpaid or \
-            model.TIMEOUT_PAID_STATUS == model.TIMEOUT_CLOSED_STATUS:
+            model.TIMEOUT_PAID_STATUS == model.TIMEOUT_CLOSED_STATUS or \
+            any(draft in unpaid or draft in settled for draft in drafts):
         errors.append(checks.Error(
             f"{model.__name__} must declare a tuple of one or more unpaid statuses and a paid and "
-            f"a closed status, all different; got unpaid={model.TIMEOUT_UNPAID_STATUSES!r}, "
-            f"paid={model.TIMEOUT_PAID_STATUS!r}, closed={model.TIMEOUT_CLOSED_STATUS!r}.",
-            hint="For example TIMEOUT_UNPAID_STATUSES = ('Pending',), "
-                 "TIMEOUT_PAID_STATUS = 'Paid', TIMEOUT_CLOSED_STATUS = 'Cancelled'.",
+            f"a closed status, all different, and draft statuses (a tuple, maybe empty) that are "
+            f"none of those; got unpaid={model.TIMEOUT_UNPAID_STATUSES!r}, "
+            f"paid={model.TIMEOUT_PAID_STATUS!r}, closed={model.TIMEOUT_CLOSED_STATUS!r}, "
+            f"drafts={model.TIMEOUT_DRAFT_STATUSES!r}.",
+            hint="For example TIMEOUT_DRAFT_STATUSES = ('Draft',), TIMEOUT_UNPAID_STATUSES = "
+                 "('Pending',), TIMEOUT_PAID_STATUS = 'Paid', TIMEOUT_CLOSED_STATUS = 'Cancelled'.",
             obj=model, id="order_timeout.E005",
         ))
     choices = {str(value) for value, _label in field.flatchoices} if field.choices else None
@@ -145,14 +151,15 @@ def _declared_values(model: Any, field: Any) -> list[checks.CheckMessage]:
 
 def _default_status(model: Any, field: Any) -> list[checks.CheckMessage]:
     default = field.get_default()
-    if default in model.TIMEOUT_UNPAID_STATUSES:
+    if default in model.TIMEOUT_UNPAID_STATUSES or default in model.TIMEOUT_DRAFT_STATUSES:
         return []
     return [checks.Warning(
         f"New {model.__name__} orders start in status {default!r}, which is not one of "
         f"TIMEOUT_UNPAID_STATUSES {tuple(model.TIMEOUT_UNPAID_STATUSES)!r}: they are never "
         "scheduled and never closed until they move into an unpaid status.",
-        hint="Add the initial status to TIMEOUT_UNPAID_STATUSES, or give the field an unpaid "
-             "default (a base class earlier in the MRO may have set this one).",
+        hint="Add the initial status to TIMEOUT_UNPAID_STATUSES (or, if orders start as drafts, "
+             "to TIMEOUT_DRAFT_STATUSES), or give the field an unpaid default (a base class "
+             "earlier in the MRO may have set this one).",
         obj=model, id="order_timeout.W001",
     )]
 

@@ -72,11 +72,15 @@ class TimeoutOrderMixin(models.Model):
     ``closed_at``, ``close_reason`` and the ``(status field, expires_at)``
     index. Declare how the model's own status field says unpaid, paid and
     closed; every other value is settled: never scheduled, never closed, and
-    free to move to any other settled value.
+    free to move to any other settled value, except the draft values, which
+    come before unpaid.
     """
 
     # The name of the model's own status field; the mixin never defines it.
     TIMEOUT_STATUS_FIELD: ClassVar[str] = "status"
+    # Values before unpaid (a draft, a quote, an unconfirmed checkout): no deadline runs; a
+    # save that moves the order from one of them into an unpaid value starts its deadline.
+    TIMEOUT_DRAFT_STATUSES: ClassVar[tuple[str, ...]] = ()
     # The values in which the deadline runs.
     TIMEOUT_UNPAID_STATUSES: ClassVar[tuple[str, ...]] = ("unpaid",)
     # What mark_paid() writes.
@@ -158,12 +162,14 @@ class TimeoutOrderMixin(models.Model):
     def save(self, *args: Any, **kwargs: Any) -> None:
         """Save, refusing a status write that would reopen a closed order or unsettle a settled one.
 
-        A new unpaid order saved without a deadline gets ``DEFAULT_TIMEOUT``.
-        For an existing row the row is locked and read first, so the check
-        cannot race the consumer, and a deadline this copy did not touch is
-        not written back over one moved meanwhile (by ``extend_deadline()``
-        on another copy): a save never moves a deadline the row does not hold.
-        Moves between settled values are the shop's business.
+        A new unpaid order saved without a deadline gets ``DEFAULT_TIMEOUT``,
+        and so does a draft moved into an unpaid status, from that moment
+        (unless the same save gives it a deadline of its own). For an existing
+        row the row is locked and read first, so the check cannot race the
+        consumer, and a deadline this copy did not touch is not written back
+        over one moved meanwhile (by ``extend_deadline()`` on another copy): a
+        save never moves a deadline the row does not hold. Moves between
+        settled values are the shop's business.
         """
         if self._state.adding and self.expires_at is None and self.is_unpaid:
             self.expires_at = default_deadline()
@@ -186,6 +192,11 @@ class TimeoutOrderMixin(models.Model):
                 self._refuse_unsafe_move(current[0])
             if current is not None and writes_deadline:
                 self._keep_a_deadline_moved_meanwhile(current[1])
+            if current is not None and writes_status and self._leaves_draft(current):
+                self.expires_at = default_deadline()
+                if update_fields is not None and "expires_at" not in update_fields:
+                    kwargs["update_fields"] = [*update_fields, "expires_at"]
+                    writes_deadline = True
             super().save(*args, **kwargs)
             if current is not None:
                 # What the row holds now: what this save wrote, the rest as read under the lock.
@@ -202,6 +213,12 @@ class TimeoutOrderMixin(models.Model):
 
         transaction.on_commit(remember, using=using)
 
+    def _leaves_draft(self, current: tuple[Any, Any]) -> bool:
+        """A draft in the row, unpaid in this save, and no deadline of its own given by the save:
+        the deadline starts now."""
+        return (current[0] in self.TIMEOUT_DRAFT_STATUSES and self.is_unpaid
+                and self.expires_at == current[1])
+
     def _keep_a_deadline_moved_meanwhile(self, current: Any) -> None:
         loaded = getattr(self, "_db_state", (None, None))[1]
         if self.expires_at == loaded and current != loaded:
@@ -213,10 +230,12 @@ class TimeoutOrderMixin(models.Model):
             return
         name = f"{type(self).__name__} {self.pk!r}"
         unpaid = self.TIMEOUT_UNPAID_STATUSES
-        if new in unpaid and current not in unpaid:
+        if new in unpaid and current not in unpaid and current not in self.TIMEOUT_DRAFT_STATUSES:
             raise StaleOrderStatus(
                 f"{name} is {current!r} in the database; refusing to move it back to the unpaid "
-                f"status {new!r} (it would be put back on the timeout queue).")
+                f"status {new!r} (it would be put back on the timeout queue). If {current!r} comes "
+                f"before payment (a draft), declare it in {type(self).__name__}."
+                "TIMEOUT_DRAFT_STATUSES.")
         if current != self.TIMEOUT_CLOSED_STATUS:
             return
         if new == self.TIMEOUT_PAID_STATUS:

@@ -166,6 +166,71 @@ def test_a_settled_order_cannot_be_moved_back_into_an_unpaid_status(make_order, 
     assert score_of(queue, str(order.pk)) is None
 
 
+# -- a status before unpaid (a draft, a quote, an unconfirmed checkout) ----------------------
+
+
+@use_shop
+def test_a_draft_entering_pending_gets_its_deadline_then_and_is_scheduled(order_model, queue, settings):
+    """Saleor's draftOrderComplete: draft -> unconfirmed. The deadline runs from that move."""
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "DEFAULT_TIMEOUT": 900}
+    order = ShopOrder.objects.create(number="1003", status="Draft")
+    assert order.expires_at is None and score_of(queue, str(order.pk)) is None
+    before = timezone.now()
+
+    order.set_status("Pending")
+
+    row = ShopOrder.objects.get(pk=order.pk)
+    assert row.status == "Pending"
+    assert before + timedelta(seconds=900) <= row.expires_at <= timezone.now() + timedelta(seconds=900)
+    assert score_of(queue, str(order.pk)) == deadline_score(row.expires_at)
+    assert history(order) == [("Draft", "Pending")]
+
+
+@use_shop
+def test_a_draft_entering_pending_through_update_fields_writes_its_deadline_too(order_model, queue):
+    order = ShopOrder.objects.create(number="1004", status="Draft")
+
+    order.status = "Pending"
+    order.save(update_fields=["status"])
+
+    row = ShopOrder.objects.get(pk=order.pk)
+    assert row.expires_at is not None
+    assert score_of(queue, str(order.pk)) == deadline_score(row.expires_at)
+
+
+@use_shop
+def test_a_draft_given_a_deadline_as_it_enters_pending_keeps_that_deadline(order_model, queue):
+    order = ShopOrder.objects.create(number="1005", status="Draft")
+    chosen = timezone.now() + timedelta(hours=3)
+
+    order.status, order.expires_at = "Pending", chosen
+    order.save()
+
+    assert ShopOrder.objects.get(pk=order.pk).expires_at == chosen
+    assert score_of(queue, str(order.pk)) == deadline_score(chosen)
+
+
+@use_shop
+def test_a_draft_that_stays_a_draft_is_never_scheduled_or_closed(order_model, queue, consumer):
+    order = ShopOrder.objects.create(number="1006", status="Draft",
+                                     expires_at=timezone.now() - timedelta(minutes=1))
+
+    consumer().run(once=True)
+    compensate(now=timezone.now() + timedelta(hours=1))
+
+    assert ShopOrder.objects.get(pk=order.pk).status == "Draft"
+    assert score_of(queue, str(order.pk)) is None
+
+
+@use_shop
+def test_entering_pending_from_an_undeclared_status_is_refused_and_names_the_declaration(order_model):
+    order = ShopOrder.objects.create(number="1007", status="Quote")
+
+    order.status = "Pending"
+    with pytest.raises(StaleOrderStatus, match="TIMEOUT_DRAFT_STATUSES"):
+        order.save()
+
+
 @use_shop
 def test_a_late_payment_after_the_shops_cancelled_value_raises_order_closed(make_order, consumer):
     order = make_order(in_seconds=-1)
@@ -340,6 +405,30 @@ def test_overlapping_declarations_are_an_error():
             app_label = "shop"
 
     assert [m.id for m in check_status_declarations(Order)] == ["order_timeout.E005"]
+
+
+@isolate_apps("testproject.shop")
+def test_a_draft_status_that_is_also_unpaid_is_an_error():
+    class Order(TimeoutOrderMixin):
+        status = models.CharField(max_length=20, default="draft")
+        TIMEOUT_DRAFT_STATUSES = ("draft", "unpaid")
+
+        class Meta(TimeoutOrderMixin.Meta):
+            app_label = "shop"
+
+    assert [m.id for m in check_status_declarations(Order)] == ["order_timeout.E005"]
+
+
+@isolate_apps("testproject.shop")
+def test_new_orders_that_start_as_drafts_trigger_no_warning():
+    class Order(TimeoutOrderMixin):
+        status = models.CharField(max_length=20, default="draft")
+        TIMEOUT_DRAFT_STATUSES = ("draft",)
+
+        class Meta(TimeoutOrderMixin.Meta):
+            app_label = "shop"
+
+    assert check_status_declarations(Order) == []
 
 
 @isolate_apps("testproject.shop")

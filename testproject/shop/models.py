@@ -39,6 +39,7 @@ class AbstractShopOrder(models.Model):
 
     # Which statuses may follow which: the shop's dashboard moves orders along it.
     pipeline = {
+        "Draft": ("Pending", "Cancelled"),
         "Pending": ("Paid", "Cancelled"),
         "Paid": ("Being processed", "Cancelled"),
         "Being processed": ("Complete", "Cancelled"),
@@ -75,6 +76,8 @@ class AbstractShopOrder(models.Model):
 class ShopOrder(AbstractShopOrder, TimeoutOrderMixin):
     """The shop's order with timeouts: its own status field and values, declared to the app."""
 
+    # Staff build draft orders in the dashboard; the deadline runs once one is placed (Pending).
+    TIMEOUT_DRAFT_STATUSES = ("Draft",)
     TIMEOUT_UNPAID_STATUSES = ("Pending",)
     TIMEOUT_PAID_STATUS = "Paid"
     TIMEOUT_CLOSED_STATUS = "Cancelled"
