@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from datetime import timedelta
 
 import pytest
@@ -11,6 +12,7 @@ from django.utils import timezone
 
 from order_timeout import schedule, unschedule
 from order_timeout.codec import deadline_score
+from order_timeout.consumer import Consumer
 from order_timeout.exceptions import OrderClosed, StaleOrderStatus
 from order_timeout.models import Order
 
@@ -100,13 +102,59 @@ def test_order_is_scheduled_only_when_the_transaction_commits(queue):
 
 
 @both_models
-def test_extended_deadline_moves_the_score(queue, make_order):
-    order = make_order(in_seconds=60)
-    later = order.expires_at + timedelta(minutes=10)
+def test_a_shortened_deadline_moves_the_score_at_once(queue, make_order):
+    order = make_order(in_seconds=600)
+    sooner = order.expires_at - timedelta(minutes=5)
+
+    assert order.extend_deadline(sooner) is True
+
+    assert score_of(queue, str(order.pk)) == deadline_score(sooner)
+
+
+@both_models
+def test_an_extended_deadline_is_taken_up_at_the_old_one_and_the_order_closes_at_the_new(
+        queue, order_model):
+    """Redis never holds a later deadline than the row: an extension waits in Redis at the
+    old deadline, where the consumer reads the row and moves the member on. (Real time: the
+    database's clock decides, so the test sleeps until each deadline.)"""
+    first_deadline = timezone.now() + timedelta(seconds=0.5)
+    order = order_model.objects.create(expires_at=first_deadline)
+    later = first_deadline + timedelta(seconds=1)
 
     assert order.extend_deadline(later) is True
+    assert score_of(queue, str(order.pk)) == deadline_score(first_deadline)
 
+    sleep_until(first_deadline)
+    first = Consumer().run(once=True)
+    assert (first.closed, first.rescheduled) == (0, 1)
     assert score_of(queue, str(order.pk)) == deadline_score(later)
+    assert state(order) == "unpaid"
+
+    sleep_until(later)
+    assert Consumer().run(once=True).closed == 1
+    assert state(order) == "closed"
+
+
+def sleep_until(moment):
+    time.sleep(max(0.0, (moment - timezone.now()).total_seconds()) + 0.05)
+
+
+@pytest.mark.django_db  # commits simulated: the test runs the captured on-commit steps itself
+def test_two_deadline_changes_that_reach_redis_in_reverse_order_never_leave_the_later_one(
+        queue, django_capture_on_commit_callbacks):
+    """Two processes change one order's deadline; their commits' Redis writes cross on the way."""
+    with django_capture_on_commit_callbacks(execute=True):
+        order = Order.objects.create(expires_at=timezone.now() + timedelta(minutes=30))
+    with django_capture_on_commit_callbacks() as first_commit:
+        Order.objects.get(pk=order.pk).extend_deadline(timezone.now() + timedelta(minutes=60))
+    with django_capture_on_commit_callbacks() as second_commit:
+        Order.objects.get(pk=order.pk).extend_deadline(timezone.now() + timedelta(minutes=10))
+
+    for write in [*second_commit, *first_commit]:  # the first commit's write arrives last
+        write()
+
+    row = Order.objects.get(pk=order.pk)
+    assert score_of(queue, str(order.pk)) <= deadline_score(row.expires_at)
 
 
 def test_saving_fields_unrelated_to_the_deadline_does_not_touch_redis(queue, make_order, redis_client):
