@@ -66,6 +66,10 @@ DEFAULTS: dict[str, Any] = {
     # Seconds the scan's Redis lock lives without being renewed (it is renewed
     # before every chunk), so a crashed scan never blocks the next for long.
     "COMPENSATION_LOCK_SECONDS": 60,
+    # Whether a dead letter stores the whole traceback of its order's last
+    # error, for anyone who may view dead letters to read. False: only the
+    # "Type: message" line (the consumer's log keeps the traceback).
+    "DEAD_LETTER_TRACEBACKS": False,
 }
 
 MAX_BATCH_SIZE = 10_000
@@ -140,6 +144,11 @@ def _model_label(key: str, value: Any) -> None:
         raise _setting_error(key, f"must be of the form 'app_label.ModelName', got {value!r}.")
 
 
+def _bool(key: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise _setting_error(key, f"must be True or False, got {value!r}.")
+
+
 VALIDATORS: dict[str, Callable[[str, Any], None]] = {
     "REDIS_ALIAS": _non_empty_str,
     "KEY_PREFIX": _key_prefix,
@@ -157,6 +166,7 @@ VALIDATORS: dict[str, Callable[[str, Any], None]] = {
     "COMPENSATION_INTERVAL": _positive_number,
     "COMPENSATION_CHUNK": _positive_int,
     "COMPENSATION_LOCK_SECONDS": _positive_number,
+    "DEAD_LETTER_TRACEBACKS": _bool,
 }
 
 
