@@ -10,7 +10,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
-from django.urls import reverse
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _, ngettext
 
@@ -183,7 +183,16 @@ class DeadLetterAdmin(admin.ModelAdmin):
 
 @admin.register(TimeoutOverview)
 class TimeoutOverviewAdmin(admin.ModelAdmin):
-    """The "Order timeouts" page: how the queue is doing, for staff with its view permission."""
+    """The "Order timeouts" page: how the queue is doing, for staff with its view permission.
+
+    The model has no table, so the page is its only URL: the change, history,
+    delete and add URLs a ModelAdmin registers would read a table that does
+    not exist; without them the admin answers 404.
+    """
+
+    def get_urls(self) -> list[URLPattern]:
+        name = f"{self.opts.app_label}_{self.opts.model_name}_changelist"
+        return [path("", self.admin_site.admin_view(self.changelist_view), name=name)]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -197,32 +206,57 @@ class TimeoutOverviewAdmin(admin.ModelAdmin):
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        letters = list(DeadLetter.objects.filter(resolved_at__isnull=True).order_by("pk")[:OPEN_LETTERS])
-        dead_letters_url = reverse("admin:order_timeout_deadletter_changelist")
+        may = _dead_letter_permissions(self.admin_site, request)
+        letters: list[DeadLetter] = []
+        open_letters = 0
+        if may["requeue"] or may["close"]:
+            letters = list(DeadLetter.objects.filter(resolved_at__isnull=True).order_by("pk")[:OPEN_LETTERS])
+            open_letters = len(letters)
+            if open_letters == OPEN_LETTERS:
+                open_letters = DeadLetter.objects.filter(resolved_at__isnull=True).count()
+        dead_letters_url = reverse("admin:order_timeout_deadletter_changelist") if may["view"] else ""
         context = {
             **self.admin_site.each_context(request),
             **overview.context(request),
             "title": _("Order timeouts"),
             "opts": self.model._meta,
-            "overdue_url": _overdue_orders_url(self.admin_site),
-            "dead_letters_url": f"{dead_letters_url}?resolved=no",
+            "overdue_url": _overdue_orders_url(self.admin_site, request),
+            "dead_letters_url": f"{dead_letters_url}?resolved=no" if dead_letters_url else "",
             "dead_letters_action_url": dead_letters_url,
             "dead_letters": letters,
-            "can_requeue": request.user.has_perm("order_timeout.requeue_deadletter"),
-            "can_close": request.user.has_perm("order_timeout.close_deadletter_order"),
+            "open_dead_letters": open_letters,
+            "can_requeue": may["requeue"],
+            "can_close": may["close"],
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/order_timeout/overview.html", context)
 
 
-# The overview's buttons act on at most this many open dead letters at once.
+# The overview's buttons act on at most this many open dead letters at once (the oldest).
 OPEN_LETTERS = 100
 
 
-def _overdue_orders_url(site: admin.AdminSite) -> str:
+def _dead_letter_permissions(site: admin.AdminSite, request: HttpRequest) -> dict[str, bool]:
+    """What the user may do with dead letters here, by the rules of their own admin.
+
+    The buttons post to the dead letters' changelist: they need its view
+    permission as well as the action's own, or they would answer 403.
+    """
+    if not site.is_registered(DeadLetter):
+        return {"view": False, "requeue": False, "close": False}
+    letters = site.get_model_admin(DeadLetter)
+    view = letters.has_view_or_change_permission(request)
+    # get_actions() leaves out the actions whose permissions the user lacks.
+    actions = letters.get_actions(request) if view else {}
+    return {"view": view, "requeue": "requeue" in actions, "close": "close_now" in actions}
+
+
+def _overdue_orders_url(site: admin.AdminSite, request: HttpRequest) -> str:
     model = get_order_model()
     if not site.is_registered(model):
         return ""
-    url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
     registered = site.get_model_admin(model)
+    if not registered.has_view_or_change_permission(request):
+        return ""
+    url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
     return f"{url}?deadline=overdue" if isinstance(registered, TimeoutOrderAdminMixin) else url

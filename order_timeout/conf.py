@@ -66,6 +66,14 @@ DEFAULTS: dict[str, Any] = {
     # Seconds the scan's Redis lock lives without being renewed (it is renewed
     # before every chunk), so a crashed scan never blocks the next for long.
     "COMPENSATION_LOCK_SECONDS": 60,
+    # A bearer token that lets a scraper read views.metrics without a login
+    # ("Authorization: Bearer <token>"). None: only logged-in users with the
+    # view_timeoutoverview permission may read it.
+    "METRICS_TOKEN": None,
+    # Whether a dead letter stores the whole traceback of its order's last
+    # error, for anyone who may view dead letters to read. False: only the
+    # "Type: message" line (the consumer's log keeps the traceback).
+    "DEAD_LETTER_TRACEBACKS": False,
 }
 
 MAX_BATCH_SIZE = 10_000
@@ -75,6 +83,9 @@ MAX_BATCH_WINDOW = 0.1
 MAX_SHARDS = 1024
 _KEY_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:-]+$")
 _MODEL_LABEL_RE = re.compile(r"^\w+\.\w+$")
+# A token travels in an HTTP header: visible ASCII, no spaces, long enough to be a secret.
+MIN_TOKEN_LENGTH = 16
+_TOKEN_RE = re.compile(r"[\x21-\x7e]+")
 
 
 def _setting_error(key: str, problem: str) -> ImproperlyConfigured:
@@ -140,6 +151,23 @@ def _model_label(key: str, value: Any) -> None:
         raise _setting_error(key, f"must be of the form 'app_label.ModelName', got {value!r}.")
 
 
+def _token(key: str, value: Any) -> None:
+    if value is None or (isinstance(value, str) and len(value) >= MIN_TOKEN_LENGTH
+                         and _TOKEN_RE.fullmatch(value)):
+        return
+    # A secret: the message describes it and never repeats it.
+    got = (f"a string of {len(value)} characters" if isinstance(value, str)
+           else f"a {type(value).__name__}")
+    raise _setting_error(
+        key, f"must be None or a string of at least {MIN_TOKEN_LENGTH} visible ASCII characters "
+             f"without spaces (secrets.token_urlsafe(32) makes one), got {got}.")
+
+
+def _bool(key: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise _setting_error(key, f"must be True or False, got {value!r}.")
+
+
 VALIDATORS: dict[str, Callable[[str, Any], None]] = {
     "REDIS_ALIAS": _non_empty_str,
     "KEY_PREFIX": _key_prefix,
@@ -157,6 +185,8 @@ VALIDATORS: dict[str, Callable[[str, Any], None]] = {
     "COMPENSATION_INTERVAL": _positive_number,
     "COMPENSATION_CHUNK": _positive_int,
     "COMPENSATION_LOCK_SECONDS": _positive_number,
+    "METRICS_TOKEN": _token,
+    "DEAD_LETTER_TRACEBACKS": _bool,
 }
 
 

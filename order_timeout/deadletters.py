@@ -45,9 +45,21 @@ def _from_ms(ms: int) -> datetime:
 
 
 def _describe(error: BaseException) -> tuple[str, str]:
+    """The error's type and what a dead letter keeps of it: ``"Type: message"``.
+
+    Anyone who may view dead letters reads ``last_error``, and a traceback
+    shows code paths and values; it is kept only with
+    ``DEAD_LETTER_TRACEBACKS`` (the consumer's log line always has it).
+    """
     kind = type(error)
     name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-    return name[:255], "".join(traceback.format_exception(error)).strip()
+    if settings.DEAD_LETTER_TRACEBACKS:
+        return name[:255], "".join(traceback.format_exception(error)).strip()
+    try:
+        message = str(error)
+    except Exception:  # a broken __str__ must not keep the order from its dead letter
+        message = "<exception str() failed>"
+    return name[:255], f"{name}: {message}" if message else name
 
 
 def record(model: type[TimeoutOrderMixin], failures: Sequence[Failure], now: datetime) -> None:

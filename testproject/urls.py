@@ -5,5 +5,6 @@ from order_timeout import views
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    # Not public: a login with view_timeoutoverview, or ORDER_TIMEOUT["METRICS_TOKEN"] as a bearer token.
     path("metrics/order-timeout", views.metrics),
 ]

@@ -5,9 +5,12 @@ from __future__ import annotations
 import urllib.request
 
 import pytest
+from django.contrib.auth.models import Permission, User
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 from prometheus_client import CollectorRegistry
 
+from order_timeout.conf import settings as order_settings
 from order_timeout.consumer import Consumer
 from order_timeout.metrics import ConsumerMetrics
 from order_timeout.models import DeadLetter
@@ -76,13 +79,31 @@ def test_the_consumer_serves_its_metrics_and_the_backlog_on_a_port(consumer_proc
     assert "order_timeout_dead_letters 0.0" in text
 
 
-def test_the_django_view_exposes_the_backlog_gauges(client, make_order, clock):
+METRICS_URL = "/metrics/order-timeout"
+TOKEN = "a-scraper-token-of-32-characters"
+
+
+@pytest.fixture
+def monitor(client):
+    """A client logged in as a user with the permission to see the order timeouts."""
+    user = User.objects.create_user("monitor", password="pw")
+    user.user_permissions.add(Permission.objects.get(codename="view_timeoutoverview"))
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def token_configured(settings):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "METRICS_TOKEN": TOKEN}
+
+
+def test_the_django_view_exposes_the_backlog_gauges(monitor, make_order, clock):
     for seconds in (-30, -20, 600):
         make_order(in_seconds=seconds)
     DeadLetter.objects.create(order_model="order_timeout.Order", order_id="1", attempts=4,
                               error_type="RuntimeError", first_failed_at=clock(), last_failed_at=clock())
 
-    response = client.get("/metrics/order-timeout")
+    response = monitor.get(METRICS_URL)
 
     text = response.content.decode()
     assert response.status_code == 200 and response["Content-Type"].startswith("text/plain")
@@ -94,14 +115,63 @@ def test_the_django_view_exposes_the_backlog_gauges(client, make_order, clock):
     assert float(oldest.split()[-1]) >= 29
 
 
-def test_the_view_reports_the_drift_the_last_beat_run_found(client, make_order, queue):
+def test_the_view_reports_the_drift_the_last_beat_run_found(monitor, make_order, queue):
     from order_timeout.compensation import compensate
 
     order = make_order(in_seconds=60)
     queue.unschedule([str(order.pk)])
     compensate(heal=True)
 
-    assert "order_timeout_drift 1.0" in client.get("/metrics/order-timeout").content.decode()
+    assert "order_timeout_drift 1.0" in monitor.get(METRICS_URL).content.decode()
+
+
+def test_the_view_is_not_public(client):
+    response = client.get(METRICS_URL)
+
+    assert response.status_code == 403
+    assert "order_timeout_pending" not in response.content.decode()
+
+
+def test_a_logged_in_user_without_the_permission_is_refused(client):
+    client.force_login(User.objects.create_user("staffer", password="pw", is_staff=True))
+
+    assert client.get(METRICS_URL).status_code == 403
+
+
+def test_a_scraper_with_the_configured_bearer_token_reads_the_gauges(client, token_configured):
+    response = client.get(METRICS_URL, headers={"Authorization": f"Bearer {TOKEN}"})
+
+    assert response.status_code == 200
+    assert 'order_timeout_pending{shard="0"} 0.0' in response.content.decode()
+
+
+@pytest.mark.parametrize("authorization", [
+    f"Bearer {TOKEN}x", f"Bearer {TOKEN[:-1]}", "Bearer ", "Bearer", f"Basic {TOKEN}", TOKEN,
+    f"Bearer {TOKEN} {TOKEN}",
+])
+def test_a_wrong_or_malformed_token_is_refused(client, token_configured, authorization):
+    assert client.get(METRICS_URL, headers={"Authorization": authorization}).status_code == 403
+
+
+def test_no_token_opens_the_view_while_none_is_configured(client, settings):
+    assert order_settings.METRICS_TOKEN is None
+
+    for token in (TOKEN, "None", ""):
+        response = client.get(METRICS_URL, headers={"Authorization": f"Bearer {token}"})
+        assert response.status_code == 403
+
+
+@pytest.mark.parametrize("value", [
+    "", "short", "has a space in it, 16+", "a-newline-at-the-end-of-it\n", 32,
+    b"bytes-token-of-32-characters-long", "non-ascii-token-\u00e9-of-enough-length",
+])
+def test_a_bad_metrics_token_is_improperly_configured_without_repeating_it(settings, value):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "METRICS_TOKEN": value}
+
+    with pytest.raises(ImproperlyConfigured, match=r"\['METRICS_TOKEN'\] must be None or") as raised:
+        order_settings.load()
+    if isinstance(value, str) and value:
+        assert value.strip() not in str(raised.value)  # a secret is not written to a log
 
 
 @pytest.mark.parametrize("value", ["-1", "70000", "http"])
