@@ -146,19 +146,22 @@ class CompensationScan:
                     *self.result.as_dict().values(), extra={"scan": self.result.as_dict()})
         return self.result
 
-    def _walk(self, queryset: QuerySet[Any], token: str) -> Iterator[list[tuple[Any, datetime]]]:
+    def _walk(self, queryset: QuerySet[Any], token: str, *,
+              needs_redis: bool) -> Iterator[list[tuple[Any, datetime]]]:
+        """The rows in chunks, the lock renewed before each. ``needs_redis``: restoring members
+        cannot go on without Redis (raise); closing can (go on without the lock)."""
         total = queryset.count() if self.progress else 0
         for rows in rows_by_deadline(queryset, self.chunk_size):
             # Renewed before each chunk, so the lock outlives any chunk that
             # takes less than COMPENSATION_LOCK_SECONDS.
-            if not self._renew(token):
+            if not self._renew(token, needs_redis=needs_redis):
                 return
             yield rows
             self.result.examined += len(rows)
             if self.progress:
                 self.progress(self.result.examined, max(total, self.result.examined))
 
-    def _renew(self, token: str) -> bool:
+    def _renew(self, token: str, *, needs_redis: bool) -> bool:
         """Keep the lock; False when another scan may hold it now, so this one stops."""
         if not self.result.locked:
             return True
@@ -166,7 +169,7 @@ class CompensationScan:
             if self.queue.renew_lock(token, self.lock_ms):
                 return True
         except QueueUnavailable as error:
-            if self.result.mode != "close":
+            if needs_redis:
                 raise
             logger.warning("compensation scan lost Redis (%s); going on without the lock", error)
             self.result.locked = False
@@ -190,7 +193,7 @@ class CompensationScan:
 
     def _close_overdue(self, token: str) -> None:
         overdue = self._orders().filter(self.model.unpaid_q(), expires_at__lt=self.now - self.grace)
-        for rows in self._walk(overdue, token):
+        for rows in self._walk(overdue, token, needs_redis=False):
             members = {order_member(self.model, pk): pk for pk, _ in rows}
             dropped = self._dropped_by_consumers(members)
             if self.result.dry_run or not dropped:
@@ -321,7 +324,7 @@ class CompensationScan:
         upcoming = self._orders().filter(self.model.unpaid_q(), expires_at__gt=self.now)
         if self.rebuild_until is not None:
             upcoming = upcoming.filter(expires_at__lte=self.rebuild_until)
-        for rows in self._walk(upcoming, token):
+        for rows in self._walk(upcoming, token, needs_redis=True):
             deadlines = {order_member(self.model, pk): deadline_score(expires_at) for pk, expires_at in rows}
             missing = self.queue.missing(deadlines)
             if self.result.dry_run:

@@ -178,7 +178,9 @@ def test_scan_whose_lock_expires_during_a_chunk_stops_and_says_so(make_order, se
     assert [Order.objects.get(pk=o.pk).status for o in orders].count("closed") == 1
 
 
-def test_scan_goes_on_without_its_lock_when_redis_goes_away_mid_scan(private_redis, make_order):
+@pytest.mark.parametrize("heal", [False, True], ids=["close", "heal"])
+def test_scan_goes_on_without_its_lock_when_redis_goes_away_mid_scan(private_redis, make_order, heal):
+    """The beat task runs in heal mode: it must go on closing too, as the docs say."""
     orders = [make_order(in_seconds=-600 - i) for i in range(3)]
 
     def redis_dies(sender, order, **kwargs):
@@ -186,7 +188,7 @@ def test_scan_goes_on_without_its_lock_when_redis_goes_away_mid_scan(private_red
 
     order_expired.connect(redis_dies, weak=False)
     try:
-        result = compensate(chunk_size=1)
+        result = compensate(chunk_size=1, heal=heal)
     finally:
         order_expired.disconnect(redis_dies)
 
