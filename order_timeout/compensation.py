@@ -304,10 +304,13 @@ class CompensationScan:
         error = RepeatedTakeover(
             f"{scans} compensation scans died while closing it (a receiver that exits the "
             "process or runs out of memory?); not tried again.")
-        logger.error("compensation scan: order=%s dead-lettered after %d scans died with it.", pk, scans)
-        deadletters.record(self.model, [deadletters.Failure(pk, scans, now_score(self.now), error)],
-                           self.now)
-        self.result.dead_lettered += 1
+        burial = deadletters.record(
+            self.model, [deadletters.Failure(pk, scans, now_score(self.now), error)], self.now)
+        if burial.buried:
+            logger.error("compensation scan: order=%s dead-lettered after %d scans died with it.",
+                         pk, scans)
+        self.result.dead_lettered += len(burial.buried)
+        self.result.skipped_paid += len(burial.settled)
 
     def _forget(self, pks: list[Any]) -> None:
         """Members of orders settled here need not wait for the consumer to drop them."""

@@ -257,9 +257,10 @@ class Consumer:
     def _bury_taken_over(self, claim: Claim, now: datetime) -> BatchReport:
         """A member whose consumers kept dying with it: a dead letter, not another try.
 
-        Unless its row is settled already: a holder that overran its lease may
-        still have committed the close (or the shop took the payment), and a
-        dead letter would send staff after an order that needs nobody.
+        Unless its row is settled already (``deadletters.record`` looks under
+        the row lock): a holder that overran its lease may still have
+        committed the close (or the shop took the payment), and a dead letter
+        would send staff after an order that needs nobody.
         """
         member = claim.members[0]
         try:
@@ -267,21 +268,19 @@ class Consumer:
         except ValueError:
             self.queue.ack(claim.token, [member])
             return BatchReport(claimed=1, dropped=1)
-        manager = self.model._base_manager.db_manager(self.using)
-        row = manager.filter(pk=pk).values_list(self.model.TIMEOUT_STATUS_FIELD, flat=True).first()
-        if row is None or row not in self.model.TIMEOUT_UNPAID_STATUSES:
-            self.queue.ack(claim.token, [member])
-            logger.info("order=%s taken over %d times, but %s: let go.", member, claim.takeovers,
-                        "gone" if row is None else "settled already")
-            return BatchReport(claimed=1, dropped=int(row is None), skipped_paid=int(row is not None))
         error = RepeatedTakeover(
             f"Its consumer died, froze or overran LEASE_SECONDS with it {claim.takeovers} times "
             "(a receiver that exits the process, runs out of memory or hangs?); not tried again.")
-        logger.error("order=%s taken over %d times: dead-lettered without another try.",
-                     member, claim.takeovers)
-        buried = self._record_dead_letters(
+        burial = self._record_dead_letters(
             claim.token, [Failure(pk, claim.takeovers, now_score(now), error)], {pk: member}, now)
-        return BatchReport(claimed=1, dead_lettered=buried)
+        if burial.buried:
+            logger.error("order=%s taken over %d times: dead-lettered without another try.",
+                         member, claim.takeovers)
+        elif burial.settled or burial.missing:
+            logger.info("order=%s taken over %d times, but %s: let go.", member, claim.takeovers,
+                        "gone" if burial.missing else "settled already")
+        return BatchReport(claimed=1, dead_lettered=len(burial.buried), skipped_paid=len(burial.settled),
+                           dropped=len(burial.missing))
 
     def _retry_or_bury(self, token: str, failed: dict[Any, BaseException], by_pk: dict[Any, str],
                        now: datetime) -> int:
@@ -305,11 +304,11 @@ class Consumer:
                 exc_info=error,
                 extra={"order_id": retry.member, "attempt": retry.attempts},
             )
-        return self._record_dead_letters(token, dead, by_pk, now) if dead else 0
+        return len(self._record_dead_letters(token, dead, by_pk, now).buried) if dead else 0
 
     def _record_dead_letters(self, token: str, dead: list[Failure], by_pk: dict[Any, str],
-                             now: datetime) -> int:
-        """Write the dead letters, then let the members go; returns how many were buried.
+                             now: datetime) -> deadletters.Burial:
+        """Write the dead letters of the orders still unpaid, then let every member go.
 
         Written before the members leave Redis. If the write fails, they go
         back on the queue a last retry delay later, to be buried then: at
@@ -317,16 +316,19 @@ class Consumer:
         """
         members = [by_pk[failure.pk] for failure in dead]
         try:
-            deadletters.record(self.model, dead, now)
+            burial = deadletters.record(self.model, dead, now)
         except DatabaseError as exc:
             wait_ms = max(self.retry_delays_ms, default=self.lease_ms)
             logger.error("Could not write %d dead letter(s) (%s: %s); order(s) %s go back on the "
                          "queue and are buried %gs later.", len(dead), type(exc).__name__, exc,
                          ", ".join(members[:20]), wait_ms / 1000)
             self.queue.reschedule(token, {member: now_score(now) + wait_ms for member in members})
-            return 0
+            return deadletters.Burial()
+        if burial.settled:
+            logger.info("order(s) %s settled before their dead letter was written: let go.",
+                        ", ".join(by_pk[pk] for pk in burial.settled[:20]))
         self.queue.ack(token, members)
-        return len(dead)
+        return burial
 
     def run_once(self, due_by: datetime | None = None) -> Claim:
         """Claim and process one batch; returns the claim (empty when nothing was due)."""

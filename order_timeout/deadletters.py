@@ -10,7 +10,7 @@ from __future__ import annotations
 import traceback
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -62,15 +62,40 @@ def _describe(error: BaseException) -> tuple[str, str]:
     return name[:255], f"{name}: {message}" if message else name
 
 
-def record(model: type[TimeoutOrderMixin], failures: Sequence[Failure], now: datetime) -> None:
-    """Write (or update) one open dead letter per failed order."""
+@dataclass
+class Burial:
+    """What ``record`` did with each failure's order."""
+
+    buried: list[Any] = field(default_factory=list)
+    # Paid or closed by the time its letter would be written: nobody needs to look at it.
+    settled: list[Any] = field(default_factory=list)
+    # No such row any more.
+    missing: list[Any] = field(default_factory=list)
+
+
+def record(model: type[TimeoutOrderMixin], failures: Sequence[Failure], now: datetime) -> Burial:
+    """Write (or update) one open dead letter per failed order still unpaid.
+
+    The orders are locked and read first: two consumers burying the same order
+    (a lease that ran out mid-batch) then write one letter, not two, and an
+    order paid (or closed) after its last try failed gets none.
+    """
     label = model._meta.label
-    with transaction.atomic(using=_db()):
-        # Lock the orders: two consumers burying the same order (a lease that
-        # ran out mid-batch) then write one letter, not two.
-        list(model._base_manager.db_manager(_db()).select_for_update()
-             .filter(pk__in=[failure.pk for failure in failures]).values_list("pk"))
+    using = router.db_for_write(model)
+    burial = Burial()
+    with transaction.atomic(using=using), transaction.atomic(using=_db()):
+        statuses = dict(model._base_manager.db_manager(using).select_for_update()
+                        .filter(pk__in=[failure.pk for failure in failures])
+                        .values_list("pk", model.TIMEOUT_STATUS_FIELD))
         for failure in failures:
+            pk = model._meta.pk.to_python(failure.pk)
+            if pk not in statuses:
+                burial.missing.append(failure.pk)
+                continue
+            if statuses[pk] not in model.TIMEOUT_UNPAID_STATUSES:
+                burial.settled.append(failure.pk)
+                continue
+            burial.buried.append(failure.pk)
             error_type, last_error = _describe(failure.error)
             values = {"attempts": failure.attempts, "error_type": error_type,
                       "last_error": last_error, "last_failed_at": now}
@@ -80,6 +105,7 @@ def record(model: type[TimeoutOrderMixin], failures: Sequence[Failure], now: dat
             if not updated:
                 DeadLetter.objects.create(order_model=label, order_id=str(failure.pk),
                                           first_failed_at=_from_ms(failure.first_failure_ms), **values)
+    return burial
 
 
 def _open_by_model(

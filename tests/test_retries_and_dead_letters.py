@@ -16,7 +16,7 @@ from order_timeout.models import DeadLetter, Order
 from order_timeout.signals import order_expired
 from testproject.shop.models import Expiry
 
-from .helpers import hash_size, keys_for, leased_members, pending_count, rename_table, score_of
+from .helpers import hash_size, keys_for, leased_members, pending_count, rename_table, score_of, set_state
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -336,3 +336,50 @@ def broken_dead_letter_table():
         yield
     finally:
         rename_table(f"{table}_away", table)
+
+
+# -- an order settled while its last try failed is not buried ------------------------------------
+
+
+@pytest.mark.parametrize("settled_as", ["paid", "closed"])
+def test_an_order_settled_before_its_dead_letter_is_written_gets_none(make_order, settled_as):
+    """The consumer's last try failed; the payment committed before the letter was written."""
+    from order_timeout.deadletters import Failure, record
+
+    order = make_order(in_seconds=-1)
+    set_state(order, settled_as)
+
+    burial = record(Order, [Failure(order.pk, 4, now_score(timezone.now()), StockServiceDown("x"))],
+                    timezone.now())
+
+    assert not DeadLetter.objects.exists()
+    assert (burial.buried, burial.settled, burial.missing) == ([], [order.pk], [])
+
+
+def test_a_dead_letter_is_written_for_the_unpaid_orders_of_a_failure_only(make_order):
+    from order_timeout.deadletters import Failure, record
+
+    unpaid, paid = make_order(in_seconds=-1), make_order(in_seconds=-1)
+    set_state(paid, "paid")
+    now = timezone.now()
+    failures = [Failure(o.pk, 4, now_score(now), StockServiceDown("x")) for o in (unpaid, paid)]
+
+    burial = record(Order, [*failures, Failure(10**9, 4, now_score(now), StockServiceDown("x"))], now)
+
+    assert list(DeadLetter.objects.values_list("order_id", flat=True)) == [str(unpaid.pk)]
+    assert (burial.buried, burial.settled, burial.missing) == ([unpaid.pk], [paid.pk], [10**9])
+
+
+def test_the_scan_buries_no_order_paid_since_it_read_the_row(make_order, queue, settings):
+    """A scan whose earlier runs died with this order buries it, unless it was paid meanwhile."""
+    from order_timeout.compensation import CompensationScan
+
+    order = make_order(in_seconds=-600)
+    member = str(order.pk)
+    queue.client.hset(queue.global_keys.scanning, member, settings.ORDER_TIMEOUT.get("MAX_TAKEOVERS", 3) + 1)
+    scan = CompensationScan(now=timezone.now())
+    set_state(order, "paid")  # between the scan's read of the overdue rows and its burial
+
+    scan._bury(order.pk, 4)
+
+    assert not DeadLetter.objects.exists() and scan.result.dead_lettered == 0
