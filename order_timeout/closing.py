@@ -74,11 +74,14 @@ class CloseOutcome:
 def close_expired(
     model: type[TimeoutOrderMixin], pks: Sequence[Any], *,
     should_stop: Callable[[], bool] | None = None,
+    progress: Callable[[], None] | None = None,
 ) -> CloseOutcome:
     """Close the orders among ``pks`` that are still unpaid and due by the database's clock.
 
     ``should_stop`` is asked before every transaction after the first; once
     it says yes, the orders not yet looked at are reported abandoned.
+    ``progress`` is called each time an order's receivers have run (a watchdog
+    tells a slow batch from a stuck one by it).
 
     A lock conflict (deadlock, lock wait timeout) is tried again at once, a
     few times with jitter; if it persists the orders are reported busy, to be
@@ -96,14 +99,15 @@ def close_expired(
     def attempt(pks: Sequence[Any]) -> CloseOutcome:
         """The fast path; if a receiver refused, the whole batch again, each order in a savepoint."""
         try:
-            return _retrying_lock_conflicts(connection, lambda: _close_batch(model, pks, using),
-                                            stopping)
+            return _retrying_lock_conflicts(
+                connection, lambda: _close_batch(model, pks, using, progress=progress), stopping)
         except _CloseCarefully as refusal:
             if stopping():
                 raise _Stopped from refusal
             refused = refusal.refused
         return _retrying_lock_conflicts(
-            connection, lambda: _close_batch(model, pks, using, refused=refused), stopping)
+            connection, lambda: _close_batch(model, pks, using, refused=refused, progress=progress),
+            stopping)
 
     try:
         return attempt(pks)
@@ -199,7 +203,8 @@ def _database_answers(connection: BaseDatabaseWrapper) -> bool:
 
 
 def _close_batch(model: type[TimeoutOrderMixin], pks: Sequence[Any], using: str,
-                 refused: dict[Any, BaseException] | None = None) -> CloseOutcome:
+                 refused: dict[Any, BaseException] | None = None,
+                 progress: Callable[[], None] | None = None) -> CloseOutcome:
     """One transaction: lock, re-check and close ``pks``.
 
     One transaction locks all rows (``select_for_update``), so a payment
@@ -251,7 +256,7 @@ def _close_batch(model: type[TimeoutOrderMixin], pks: Sequence[Any], using: str,
         assert now is not None  # a row was locked, so the database's clock was read
         if refused is None:
             try:
-                _close(manager, due, now)
+                _close(manager, due, now, progress)
             except _ReceiverFailed as failure:
                 if _connection_broken(using) or is_lock_conflict(failure.error) or \
                         _connection_lost(using, failure.error):
@@ -266,18 +271,18 @@ def _close_batch(model: type[TimeoutOrderMixin], pks: Sequence[Any], using: str,
         if due:
             try:
                 with transaction.atomic(using=using):
-                    _close(manager, due, now)
+                    _close(manager, due, now, progress)
             except _ReceiverFailed as failure:
                 if _connection_broken(using) or is_lock_conflict(failure.error):
                     raise failure.error from failure.error.__cause__
                 # This order's try has failed; the rest of the batch goes on.
                 outcome.failed[failure.order.pk] = failure.error
                 rest = [order for order in due if order is not failure.order]
-                _close_one_by_one(manager, rest, now, outcome, using)
+                _close_one_by_one(manager, rest, now, outcome, using, progress)
             except Exception as exc:
                 if _connection_broken(using) or is_lock_conflict(exc):
                     raise
-                _close_one_by_one(manager, due, now, outcome, using)
+                _close_one_by_one(manager, due, now, outcome, using, progress)
             else:
                 outcome.closed.extend(order.pk for order in due)
         closed = set(outcome.closed)
@@ -309,12 +314,13 @@ def _connection_lost(using: str, error: BaseException) -> bool:
 
 
 def _close_one_by_one(manager: Any, due: list[TimeoutOrderMixin], now: datetime,
-                      outcome: CloseOutcome, using: str) -> None:
+                      outcome: CloseOutcome, using: str,
+                      progress: Callable[[], None] | None = None) -> None:
     """Close each order in a savepoint of its own, so a failing one fails alone."""
     for order in due:
         try:
             with transaction.atomic(using=using):
-                _close(manager, [order], now)
+                _close(manager, [order], now, progress)
         except Exception as exc:
             error = exc.error if isinstance(exc, _ReceiverFailed) else exc
             if _connection_broken(using) or is_lock_conflict(error):
@@ -324,7 +330,8 @@ def _close_one_by_one(manager: Any, due: list[TimeoutOrderMixin], now: datetime,
             outcome.closed.append(order.pk)
 
 
-def _close(manager: Any, orders: list[TimeoutOrderMixin], now: datetime) -> None:
+def _close(manager: Any, orders: list[TimeoutOrderMixin], now: datetime,
+           progress: Callable[[], None] | None = None) -> None:
     """UPDATE ``orders`` to closed and send their signals; a receiver's failure names its order.
 
     Anything a receiver raises fails its order, ``SystemExit`` and
@@ -347,6 +354,8 @@ def _close(manager: Any, orders: list[TimeoutOrderMixin], now: datetime) -> None
             raise
         except BaseException as exc:
             raise _ReceiverFailed(order, exc) from exc
+        if progress is not None:
+            progress()
     # A batch receiver that raises fails the whole batch; the one-by-one
     # fallback then gives each order a batch of its own.
     orders_expired.send(sender=model, orders=orders)

@@ -32,7 +32,7 @@ from .exceptions import QueueUnavailable, RepeatedTakeover
 from .keyset import rows_by_deadline
 from .models import DeadLetter, TimeoutOrderMixin
 from .queue import TimeoutQueue
-from .stuck import exit_stuck, stuck_after, watchdog
+from .stuck import Watchdog, exit_stuck, stuck_after, watchdog
 
 logger = logging.getLogger("order_timeout")
 
@@ -224,8 +224,8 @@ class CompensationScan:
             # A receiver that hangs here must not hold these rows locked for long:
             # the database ends the transaction after LEASE_SECONDS, as for a consumer.
             with (limited_session(router.db_for_write(self.model), settings.LEASE_SECONDS),
-                  self._watch(len(pks))):
-                outcome = close_expired(self.model, pks)
+                  self._watch(len(pks)) as dog):
+                outcome = close_expired(self.model, pks, progress=dog.pet if dog else None)
             self.result.closed += len(outcome.closed)
             self.result.skipped_paid += len(outcome.settled)
             self.result.not_due += len(outcome.not_due)
@@ -236,16 +236,21 @@ class CompensationScan:
             self._forget([*outcome.closed, *outcome.settled])
             deadletters.resolve_settled(self.model, outcome.closed, outcome.settled, self.now)
 
-    def _watch(self, size: int) -> AbstractContextManager[None]:
+    def _watch(self, size: int) -> AbstractContextManager[Watchdog | None]:
+        """Exit the process when one order's receivers keep the chunk for longer than a lease.
+
+        Petted after every order's receivers: a chunk that is slow because it
+        is large keeps going; one stuck on an order does not. The database
+        ends a transaction idle for LEASE_SECONDS; a receiver still in hand a
+        while later is stuck outside it, for good.
+        """
         if not self.exit_when_stuck:
             return nullcontext()
-        # The database ends an idle transaction after LEASE_SECONDS; a receiver
-        # still in hand a while later is stuck outside it, for good.
         seconds = settings.LEASE_SECONDS + stuck_after(settings.LEASE_SECONDS)
 
         def stuck() -> None:
             logger.critical(
-                "compensation scan: a chunk of %d orders is still closing %.0fs after it began: a "
+                "compensation scan: a chunk of %d orders has closed no order for %.0fs: a "
                 "receiver is stuck outside the database. Exiting; the next scan closes these "
                 "orders one at a time and buries the stuck one after MAX_TAKEOVERS scans.",
                 size, seconds)

@@ -245,14 +245,16 @@ class Consumer:
         if self._guard is None:
             yield None
             return
-        with self._guard.watching(claim.token, claim.members, session_id(connection),
-                                  self.using) as batch:
-            try:
+        batch: WatchedBatch | None = None
+        try:
+            with self._guard.watching(claim.token, claim.members, session_id(connection),
+                                      self.using) as batch:
                 yield batch
-            finally:
-                if batch.given_up.is_set():
-                    # Its session was ended under it: what follows (dead letters) needs a new one.
-                    connection.close()
+        finally:
+            # The guard let go of it above: given_up is final. A session given up is being
+            # ended: what follows (dead letters, the next batch) needs a new one.
+            if batch is not None and batch.given_up.is_set():
+                connection.close()
 
     def _bury_taken_over(self, claim: Claim, now: datetime) -> BatchReport:
         """A member whose consumers kept dying with it: a dead letter, not another try.

@@ -58,11 +58,13 @@ class LeaseGuard:
     """One thread per consumer, watching one batch at a time."""
 
     def __init__(self, queue: TimeoutQueue, lease_seconds: float, clock_ms: Callable[[], int],
-                 on_stuck: Callable[[WatchedBatch], None] | None = None) -> None:
+                 on_stuck: Callable[[WatchedBatch], None] | None = None,
+                 end_session: Callable[[str, Any], bool] = end_session) -> None:
         self.queue = queue
         self.lease_seconds = lease_seconds
         self.clock_ms = clock_ms
         self.on_stuck = on_stuck
+        self.end_session = end_session
         self._batch: WatchedBatch | None = None
         self._lock = threading.Lock()
         self._changed = threading.Event()
@@ -72,6 +74,11 @@ class LeaseGuard:
     @contextmanager
     def watching(self, token: str, members: list[str], session: Any,
                  using: str) -> Iterator[WatchedBatch]:
+        """Watch this batch for the block; once the block is left, ``given_up`` no longer changes.
+
+        A batch given up must close its database connection once it leaves
+        (the guard ends that session; nothing else may run on it).
+        """
         batch = WatchedBatch(token, members, time.monotonic() + self.lease_seconds, session, using)
         with self._lock:
             self._batch = batch
@@ -94,27 +101,37 @@ class LeaseGuard:
             self._thread.join(5)
 
     def _run(self) -> None:
+        while not self._closed.is_set():
+            try:
+                self._step()
+            except Exception:
+                # Whatever went wrong (a bug, a clock, a driver), the watch must go on: a
+                # guard that died quietly would let a hung batch keep its leases for good.
+                logger.exception("The lease guard failed a step; it goes on watching.")
+                self._closed.wait(min(1.0, self.lease_seconds / 3))
+
+    def _step(self) -> None:
+        """One look at the batch in hand: renew its leases, give it up, or report it stuck."""
         renew_every = self.lease_seconds / 3
         stuck_seconds = stuck_after(self.lease_seconds)
-        while not self._closed.is_set():
-            with self._lock:
-                batch = self._batch
-            if batch is None or batch.reported_stuck:
-                self._wait(None)
-                continue
-            now = time.monotonic()
-            if batch.given_up.is_set():
-                if now >= batch.given_up_at + stuck_seconds:
-                    self._stuck(batch)
-                else:
-                    self._wait(batch.given_up_at + stuck_seconds)
-                continue
-            if now >= batch.deadline:
-                self._give_up(batch)
-                continue
-            if now - batch.renewed_at >= renew_every:
-                self._renew(batch)
-            self._wait(min(batch.renewed_at + renew_every, batch.deadline))
+        with self._lock:
+            batch = self._batch
+        if batch is None or batch.reported_stuck:
+            self._wait(None)
+            return
+        now = time.monotonic()
+        if batch.given_up.is_set():
+            if now >= batch.given_up_at + stuck_seconds:
+                self._stuck(batch)
+            else:
+                self._wait(batch.given_up_at + stuck_seconds)
+            return
+        if now >= batch.deadline:
+            self._give_up(batch)
+            return
+        if now - batch.renewed_at >= renew_every:
+            self._renew(batch)
+        self._wait(min(batch.renewed_at + renew_every, batch.deadline))
 
     def _wait(self, until: float | None) -> None:
         """Sleep until ``until`` (monotonic; None: for ever) or a change of batch."""
@@ -129,20 +146,24 @@ class LeaseGuard:
             logger.warning("Could not renew the leases of the batch in hand: %s", exc)
 
     def _give_up(self, batch: WatchedBatch) -> None:
-        # Under the lock: the batch cannot finish (and its session move on to the
-        # next statement, a dead letter's INSERT, a new batch) between the check
-        # that it is still in hand and the end of its session.
+        # Marked under the lock, so the mark is final once the batch is let go
+        # (``watching`` clears it under the same lock): a batch that finished
+        # first is not given up. The session is ended outside the lock, on a
+        # connection of this thread's own (which may take a while to open):
+        # a batch given up closes its connection as it leaves, so its session
+        # never serves another statement (a dead letter's INSERT, a new batch)
+        # that the kill could hit, and the batch need not wait for the kill.
         with self._lock:
             if self._batch is not batch:
                 return
             batch.given_up.set()
             batch.given_up_at = time.monotonic()
-            logger.warning(
-                "Batch of %d still running after LEASE_SECONDS (%gs): giving it up; its database "
-                "session is ended and its members are taken over one at a time.",
-                len(batch.members), self.lease_seconds)
-            if batch.session is not None:
-                end_session(batch.using, batch.session)
+        logger.warning(
+            "Batch of %d still running after LEASE_SECONDS (%gs): giving it up; its database "
+            "session is ended and its members are taken over one at a time.",
+            len(batch.members), self.lease_seconds)
+        if batch.session is not None:
+            self.end_session(batch.using, batch.session)
         try:
             self.queue.hand_over(batch.token, batch.members, self.clock_ms())
         except QueueUnavailable as exc:

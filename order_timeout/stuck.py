@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NoReturn
@@ -36,13 +37,39 @@ def exit_stuck() -> NoReturn:
     os._exit(EXIT_STUCK)
 
 
+class Watchdog:
+    """Calls ``on_overrun`` from a thread of its own once ``seconds`` pass without a ``pet()``.
+
+    Work that makes progress pets it (a slow chunk of a thousand healthy
+    orders never trips it); work stuck in one place does not.
+    """
+
+    def __init__(self, seconds: float, on_overrun: Callable[[], None]) -> None:
+        self.seconds = seconds
+        self.on_overrun = on_overrun
+        self._petted_at = time.monotonic()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="order-timeout-watchdog", daemon=True)
+
+    def pet(self) -> None:
+        self._petted_at = time.monotonic()
+
+    def _watch(self) -> None:
+        while True:
+            left = self._petted_at + self.seconds - time.monotonic()
+            if left <= 0:
+                self.on_overrun()
+                return
+            if self._done.wait(left):
+                return
+
+
 @contextmanager
-def watchdog(seconds: float, on_overrun: Callable[[], None]) -> Iterator[None]:
-    """Call ``on_overrun`` from another thread if the block still runs after ``seconds``."""
-    timer = threading.Timer(seconds, on_overrun)
-    timer.daemon = True
-    timer.start()
+def watchdog(seconds: float, on_overrun: Callable[[], None]) -> Iterator[Watchdog]:
+    """A ``Watchdog`` over the block: ``on_overrun`` runs if it goes ``seconds`` without a pet."""
+    dog = Watchdog(seconds, on_overrun)
+    dog._thread.start()
     try:
-        yield
+        yield dog
     finally:
-        timer.cancel()
+        dog._done.set()

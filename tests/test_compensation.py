@@ -315,6 +315,22 @@ def test_a_receiver_that_kills_or_hangs_the_scan_is_dead_lettered_and_the_rest_i
     assert queue.client.hlen(queue.global_keys.scanning) == 0
 
 
+@pytest.mark.slow
+def test_a_slow_but_healthy_chunk_is_not_taken_for_a_stuck_one(make_order, queue):
+    """Each order's receivers take 0.3 s, the chunk of 12 far longer than LEASE_SECONDS (1 s):
+    the scan sees progress after every order and finishes, closing all."""
+    orders = [make_order(in_seconds=-600 - i) for i in range(12)]
+    queue.unschedule([str(o.pk) for o in orders])  # Redis lost them: the scan's to close
+    env = {**os.environ, "DATABASE_URL": database_url(), "SHOP_DELAY_SECONDS": "0.3",
+           "ORDER_TIMEOUT_LEASE_SECONDS": "1"}
+
+    scan = subprocess.run([sys.executable, "manage.py", "order_timeout_compensate"],
+                          cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+    assert scan.returncode == 0, scan.stderr
+    assert Order.objects.filter(pk__in=[o.pk for o in orders], status="closed").count() == 12
+
+
 @both_redis
 def test_the_beat_task_restores_members_a_failover_lost_and_closes_the_overdue(make_order, queue,
                                                                                redis_backend):
