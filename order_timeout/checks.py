@@ -256,3 +256,36 @@ def _one_node(reply: Any) -> Any:
             and not {"redis_version", "maxmemory_policy", "aof_enabled", "save"} & set(reply):
         return next(iter(reply.values()))
     return reply
+
+
+@checks.register(checks.Tags.database)
+def check_database_features(app_configs: Any = None, databases: Any = None, deploy: bool = False,
+                            **kwargs: Any) -> list[checks.CheckMessage]:
+    """The order model's database must skip locked rows (``migrate``, ``check --database``,
+    ``check --deploy``): without SKIP LOCKED one row locked elsewhere holds its whole batch."""
+    from django.db import connections, router
+
+    try:
+        alias = router.db_for_write(get_order_model())
+    except ImproperlyConfigured:
+        return []
+    if not deploy and alias not in (databases or ()):
+        return []
+    connection = connections[alias]
+    if connection.features.has_select_for_update_skip_locked:
+        return []
+    version = ".".join(map(str, getattr(connection, "mysql_version", ()) or ())) or "this version"
+    return [checks.Error(
+        f"The order model's database ({connection.display_name} {version}, alias {alias!r}) has no "
+        "SELECT ... FOR UPDATE SKIP LOCKED: a row locked by another transaction would hold the "
+        "consumer's whole batch until the lock wait times out.",
+        hint="Use MariaDB 10.6 or later, MySQL 8.0.1 or later, or PostgreSQL 15 or later.",
+        id="order_timeout.E011",
+    )]
+
+
+@checks.register(checks.Tags.database, deploy=True)
+def check_database_features_on_deploy(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``check --deploy`` asks the database too, as it asks Redis (once: with ``--database``
+    the check above has answered)."""
+    return [] if kwargs.get("databases") else check_database_features(deploy=True)

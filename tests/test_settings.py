@@ -215,3 +215,25 @@ def test_a_queue_cache_entry_that_is_not_a_dict_is_reported_not_a_crash(settings
 
     assert [m.id for m in messages] == ["order_timeout.E010"]
     assert "CACHES['order_timeout']" in messages[0].msg
+
+
+@pytest.mark.django_db
+def test_a_database_without_skip_locked_is_an_error_at_migrate_and_deploy_check():
+    """MariaDB before 10.6 (which Django 5.2 still supports) has no SKIP LOCKED: one locked row
+    would hold its whole batch for the lock wait timeout."""
+    from django.db import connection
+
+    from order_timeout.checks import check_database_features
+
+    assert check_database_features(databases=["default"]) == []
+    connection.features.has_select_for_update_skip_locked = False  # as on MariaDB 10.5
+    try:
+        messages = check_database_features(databases=["default"])
+        deploy = check_database_features(deploy=True)
+        unasked = check_database_features()
+    finally:
+        del connection.features.has_select_for_update_skip_locked
+
+    assert [m.id for m in messages] == ["order_timeout.E011"] == [m.id for m in deploy]
+    assert "SKIP LOCKED" in messages[0].msg and "10.6" in messages[0].hint
+    assert unasked == []  # plain `check` does not connect to the database
