@@ -84,9 +84,10 @@ def _scale_lines(data: dict[str, Any]) -> list[str]:
     bulk = data.get("bulk_schedule")
     if bulk:
         lines += ["", f"One `schedule()` of {bulk['members']:,} members: {bulk['seconds']:g} s in "
-                      f"{bulk['script_calls']:,} script calls of at most 1,000 members; the slowest "
-                      f"held Redis {_num(bulk['slowest_call_ms'], 2)} ms (median "
-                      f"{_num(bulk['median_call_ms'], 2)} ms)."]
+                      f"{bulk['script_calls']:,} script calls (counted in SLOWLOG at 0 us) of at most "
+                      f"{bulk.get('slice', 500):,} members; Redis time per call: slowest "
+                      f"{_num(bulk['slowest_call_ms'], 2)} ms, p99 {_num(bulk.get('p99_call_ms'), 2)} ms, "
+                      f"median {_num(bulk['median_call_ms'], 2)} ms."]
     if data.get("cluster"):
         lines += ["", "A burst on the local Redis Cluster (3 masters, 3 replicas, same machine), "
                       "2 consumers:", "",

@@ -40,9 +40,10 @@ logger = logging.getLogger("order_timeout")
 
 SCRIPT_NAMES = ("schedule", "claim", "forget", "reschedule", "retry", "renew", "move_out",
                 "renew_lock", "release_lock")
-# Most members one script call carries: a millisecond or two of Redis time, so no
-# call holds Redis for long (a thousand took 2.4 ms on the benchmark machine).
-SLICE = 500
+# Most members one script call carries, so no call holds Redis for long: scheduling
+# 200 into a sorted set of a million took 1.4 ms (median) on the benchmark machine,
+# 500 took 3.5 ms and sometimes over 5 (docs/benchmarks.md, the bulk schedule).
+SLICE = 200
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@
   KEYS[1] pending  KEYS[2] leased  KEYS[3] owners  KEYS[4] attempts
   KEYS[5] first_failure  KEYS[6] takeovers  KEYS[7] busy
   ARGV[1] token    the claim's token (an ack), or "" (unschedule: no claim involved)
-  ARGV[2..] members (at most a thousand: the caller slices)
+  ARGV[2..] members (at most queue.SLICE: the caller slices)
 
   Each member leaves the pending set: another consumer that found the row
   locked while this one closed it may have put it back, and that is moot now.
