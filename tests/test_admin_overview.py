@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import xml.etree.ElementTree as ET
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -303,21 +304,27 @@ ARTIFACTS = Path(os.environ.get("TEST_ARTIFACTS", PROJECT_ROOT / "test-artifacts
 @pytest.fixture
 def browser():
     if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
-        pytest.skip(f"no {CHROMIUM} and {CHROMEDRIVER}: scripts/test installs Debian's chromium and "
-                    "chromium-driver where it can")
+        missing = (f"no {CHROMIUM} and {CHROMEDRIVER}: scripts/test installs Debian's chromium and "
+                   "chromium-driver where it can")
+        if os.environ.get("REQUIRE_BROWSER") == "1":  # CI: a browser test that did not run is a failure
+            pytest.fail(missing)
+        pytest.skip(missing)
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--no-first-run", "--window-size=1280,1500"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.implicitly_wait(5)
-    yield driver
-    driver.quit()
+    with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
+        for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                     "--no-first-run", "--window-size=1280,1500", f"--user-data-dir={profile}"):
+            options.add_argument(flag)
+        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+        driver.implicitly_wait(5)
+        try:
+            yield driver
+        finally:
+            driver.quit()
 
 
 @pytest.fixture

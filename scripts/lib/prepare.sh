@@ -90,7 +90,8 @@ if [ "${START_CLUSTER:-1}" = 1 ] && \
   done
 fi
 
-stamp="$VENV/.installed-$(sha1sum pyproject.toml | cut -c1-12)-${EXTRAS//,/-}-${DEP_GROUPS// /-}-${DJANGO:-any}-${EXTRA_PACKAGES:-}"
+# PIP_UPGRADE=1: every dependency at the newest version the project allows (CI's newest stage).
+stamp="$VENV/.installed-$(sha1sum pyproject.toml | cut -c1-12)-${EXTRAS//,/-}-${DEP_GROUPS// /-}-${DJANGO:-any}-${EXTRA_PACKAGES:-}-${PIP_UPGRADE:-0}"
 stamp=${stamp//[^A-Za-z0-9._\/=-]/_}
 if [ ! -f "$stamp" ]; then
   step "installing the project into $VENV ($("$PYTHON" --version))"
@@ -99,8 +100,10 @@ if [ ! -f "$stamp" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade "pip>=25.1"
   group_args=()
   for group in $DEP_GROUPS; do group_args+=(--group "$group"); done
-  "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]" "${group_args[@]}" ${DJANGO:+"Django$DJANGO"} \
-    ${EXTRA_PACKAGES:-}
+  upgrade=()
+  [ "${PIP_UPGRADE:-0}" = 1 ] && upgrade=(--upgrade --upgrade-strategy eager)
+  "$VENV/bin/python" -m pip install -q "${upgrade[@]}" -e ".[$EXTRAS]" "${group_args[@]}" \
+    ${DJANGO:+"Django$DJANGO"} ${EXTRA_PACKAGES:-}
   rm -f "$VENV"/.installed-*
   touch "$stamp"
 fi
