@@ -7,16 +7,24 @@ the text and the test cannot drift apart.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import signal
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from order_timeout.models import Order
+from testproject.demo import stop
+
 from .conftest import PROJECT_ROOT, wait_for
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 README = (PROJECT_ROOT / "README.md").read_text()
 
@@ -43,6 +51,7 @@ def scrape(port: int) -> str:
         return ""
 
 
+@pytest.mark.slow
 def test_the_metrics_command_serves_on_its_default_address(consumer_process, make_order):
     """``run_timeout_consumer --metrics-port 9464``, with no --metrics-address, as the README shows it."""
     words = re.search(r"`(run_timeout_consumer --metrics-port \d+)`", README)
@@ -58,3 +67,142 @@ def test_the_metrics_command_serves_on_its_default_address(consumer_process, mak
     worker.kill()
 
     assert alive, worker.proc.stderr.read() if worker.proc.stderr else ""
+
+
+# -- a new project, as the README builds it ------------------------------------------------
+
+
+def readme_python_blocks() -> dict[str, str]:
+    """The README's fenced Python blocks, by their first line (a ``# where it goes`` comment)."""
+    blocks = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+    return {block.splitlines()[0]: block for block in blocks}
+
+
+def readme_commands(section: str) -> list[str]:
+    """The indented command lines of one README section (``## section``, up to its first
+    subsection), comments dropped."""
+    text = re.split(r"\n#{2,3} ", README.split(f"## {section}\n", 1)[1], maxsplit=1)[0]
+    return [line.strip().split("  #")[0].strip() for line in text.splitlines()
+            if re.match(r"    (python|celery|pip) ", line)]
+
+
+class Project:
+    """A project made by ``django-admin startproject shop``, with the README's lines pasted in."""
+
+    def __init__(self, root: Path, env: dict[str, str]) -> None:
+        self.root = root
+        self.env = env
+
+    def run(self, command: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        words = shlex.split(command)
+        if words[0] == "python":
+            words[0] = sys.executable
+        elif words[0] == "celery":
+            words[:1] = [sys.executable, "-m", "celery"]
+        return subprocess.run(words, cwd=self.root, env=self.env, capture_output=True, text=True,
+                              timeout=120, **kwargs)
+
+    def start(self, command: str) -> subprocess.Popen[str]:
+        words = shlex.split(command)
+        words[:1] = [sys.executable] if words[0] == "python" else [sys.executable, "-m", words[0]]
+        return subprocess.Popen(words, cwd=self.root, env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+
+    def shell(self, code: str) -> subprocess.CompletedProcess[str]:
+        return self.run("python manage.py shell --no-imports -c " + shlex.quote(code))
+
+
+@pytest.fixture
+def readme_project(tmp_path: Path, redis_client: Any) -> Project:
+    from django.conf import settings
+    from django.db import connection
+
+    root = tmp_path / "shop-project"
+    root.mkdir()
+    subprocess.run([sys.executable, "-m", "django", "startproject", "shop", str(root)], check=True)
+    blocks = readme_python_blocks()
+    settings_py = root / "shop" / "settings.py"
+    settings_py.write_text(
+        settings_py.read_text()
+        + "\n" + blocks["# shop/settings.py"]
+        + "\n" + blocks["# shop/settings.py, below the lines above"]
+        # What the README leaves to the reader: where this machine's servers are.
+        + "\n# -- the test's own database and Redis\n"
+        + f"DATABASES = {{'default': {dict(connection.settings_dict)!r}}}\n"
+        + f"CACHES['order_timeout']['LOCATION'] = {settings.CACHES['order_timeout']['LOCATION']!r}\n"
+        + f"CELERY_BROKER_URL = {settings.CACHES['order_timeout']['LOCATION']!r}\n")
+    (root / "shop" / "celery.py").write_text(blocks["# shop/celery.py"])
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "PYTHONPATH")}
+    return Project(root, env)
+
+
+def test_a_new_project_with_the_readmes_settings_migrates_checks_and_closes_an_order(readme_project):
+    """``startproject``, the README's settings as written, then each of its commands, in order."""
+    commands = readme_commands("Use it in your project")
+    assert [c.split()[0] for c in commands] == ["pip", "python", "python", "python", "celery"], commands
+    migrate, check, consume = commands[1:4]
+
+    assert (done := readme_project.run(migrate)).returncode == 0, done.stderr
+    checked = readme_project.run(check)
+    assert checked.returncode == 0, checked.stderr
+    ours = [line for line in checked.stderr.splitlines() if "order_timeout." in line]
+    # A Redis that persists nothing (as on a test machine) is the one thing worth a warning here.
+    assert all("order_timeout.W007" in line for line in ours), ours
+
+    usage = readme_python_blocks()["# anywhere in the shop"]
+    assert (used := readme_project.shell(usage)).returncode == 0, used.stderr
+
+    consumer = readme_project.start(consume)
+    try:
+        due = readme_project.shell(
+            "from datetime import timedelta\nfrom django.utils import timezone\n"
+            "from order_timeout.models import Order\n"
+            "print(Order.objects.create(expires_at=timezone.now() + timedelta(seconds=0.3)).pk)")
+        assert due.returncode == 0, due.stderr
+        pk = int(due.stdout.split()[-1])
+        wait_for(lambda: Order.objects.filter(pk=pk, status="closed").exists()
+                 or consumer.poll() is not None, timeout=60)
+        assert Order.objects.get(pk=pk).status == "closed"
+    finally:
+        consumer.send_signal(signal.SIGTERM)
+        output, _ = consumer.communicate(timeout=30)
+    assert consumer.returncode == 0, output
+    assert "Timeout consumer stopped: 1 closed" in output
+
+
+def test_the_readmes_status_command_runs_as_written_in_a_new_project(readme_project):
+    status = readme_command(r"order_timeout_status --max-overdue")
+    assert readme_project.run("python manage.py migrate").returncode == 0
+
+    checked = readme_project.run(" ".join(status))
+
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "pending" in checked.stdout
+
+
+@pytest.mark.slow
+def test_the_readmes_celery_app_and_beat_entry_run_the_scan(readme_project):
+    """``celery -A shop worker --beat`` with the README's celery.py and beat entry (here every
+    second rather than every 300 s, so the test need not wait five minutes)."""
+    worker_command = readme_commands("Use it in your project")[-1]
+    settings_py = readme_project.root / "shop" / "settings.py"
+    settings_py.write_text(settings_py.read_text()
+                           + "CELERY_BEAT_SCHEDULE = {**beat_schedule(interval=1)}\n"
+                           + "ORDER_TIMEOUT['COMPENSATION_GRACE'] = 0\n")
+    assert readme_project.run("python manage.py migrate").returncode == 0
+    overdue = readme_project.shell(
+        "from datetime import timedelta\nfrom django.utils import timezone\n"
+        "from order_timeout import unschedule\nfrom order_timeout.models import Order\n"
+        "order = Order.objects.create(expires_at=timezone.now() - timedelta(seconds=5))\n"
+        "unschedule([order])\nprint(order.pk)")  # only the beat's scan can close it
+    pk = int(overdue.stdout.split()[-1])
+    schedule_file = readme_project.root / "celerybeat-schedule"
+
+    worker = readme_project.start(f"{worker_command} --pool=solo -s {schedule_file}")
+    try:
+        wait_for(lambda: Order.objects.filter(pk=pk, status="closed").exists()
+                 or worker.poll() is not None, timeout=90)
+    finally:
+        stop(worker)
+    assert Order.objects.get(pk=pk).status == "closed", worker.stdout.read() if worker.stdout else ""
