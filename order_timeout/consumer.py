@@ -56,7 +56,8 @@ class BatchReport:
 
     claimed: int = 0
     closed: int = 0
-    skipped_paid: int = 0  # paid, or closed before
+    # Settled when looked at: paid, or closed before (by another consumer, the scan, staff).
+    skipped_paid: int = 0
     rescheduled: int = 0
     failed: int = 0
     dead_lettered: int = 0
@@ -146,7 +147,14 @@ class Consumer:
         return max(self._clock_readings, default=timedelta(0))
 
     def clock(self) -> datetime:
-        """This host's time, corrected to the database's (never ahead of it, by construction)."""
+        """This host's time, corrected to the database's.
+
+        Each reading errs low, so the corrected clock is not ahead of the
+        database's, except after this host's clock steps forward: until the
+        readings taken before the step age out (``CLOCK_SAMPLES`` batches) it
+        runs ahead by the step. The database still decides whether an order
+        is due, so that costs a look at orders not due yet, never an early close.
+        """
         return self.now() + self.clock_offset
 
     def _learn_clock(self, db_now: datetime | None) -> None:

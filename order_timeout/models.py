@@ -289,10 +289,12 @@ class TimeoutOrderMixin(models.Model):
         return paid
 
     def extend_deadline(self, until: datetime) -> bool:
-        """Move the deadline of an unpaid order to ``until`` and reschedule it.
+        """Move the deadline of an unpaid order to ``until``, later or earlier, and reschedule it.
 
-        Returns False when the order is settled (paid); raises ``OrderClosed``
-        when it was closed first.
+        Earlier takes effect in Redis at once; later is taken up at the old
+        deadline, when a consumer reads the row and moves the member on (Redis
+        never holds a later deadline than the row). Returns False when the
+        order is settled (paid); raises ``OrderClosed`` when it was closed first.
         """
         if timezone.is_naive(until):
             raise ValueError("extend_deadline() needs an aware datetime.")

@@ -261,11 +261,6 @@ class Shard:
             for member, p, lease in zip(members, pending, leased, strict=True)
         }
 
-    def in_backoff(self, members: Sequence[str]) -> set[str]:
-        with redis_errors("read retry state"):
-            counts = self.client.hmget(self.keys.attempts, list(members))
-        return {member for member, count in zip(members, counts, strict=True) if count is not None}
-
     def stats(self, now_ms: int) -> QueueStats:
         keys = self.keys
         with redis_errors("read queue statistics"):
@@ -425,11 +420,6 @@ class TimeoutQueue:
     def missing(self, members: Iterable[str]) -> list[str]:
         """The members that are neither pending nor leased."""
         return [member for member, where in self.positions(members).items() if where.missing]
-
-    def in_backoff(self, members: Iterable[str]) -> set[str]:
-        """The members with a failed close behind them (retry state kept)."""
-        return {member for shard, part in self.by_shard(members).items()
-                for member in shard.in_backoff(part)}
 
     def stats(self, now_ms: int) -> QueueStats:
         """Sizes of the queue, all shards added up."""
