@@ -2,7 +2,8 @@
 
 The README is part of the product: a command that fails as printed there
 fails a user first. Each test takes its command from README.md itself, so
-the text and the test cannot drift apart.
+the text and the test cannot drift apart. Not marked slow: they run on
+MariaDB and PostgreSQL, and on the newest versions the project allows.
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ def scrape(port: int) -> str:
         return ""
 
 
-@pytest.mark.slow
 def test_the_metrics_command_serves_on_its_default_address(consumer_process, make_order):
     """``run_timeout_consumer --metrics-port 9464``, with no --metrics-address, as the README shows it."""
     words = re.search(r"`(run_timeout_consumer --metrics-port \d+)`", README)
@@ -181,7 +181,6 @@ def test_the_readmes_status_command_runs_as_written_in_a_new_project(readme_proj
     assert "pending" in checked.stdout
 
 
-@pytest.mark.slow
 def test_the_readmes_celery_app_and_beat_entry_run_the_scan(readme_project):
     """``celery -A shop worker --beat`` with the README's celery.py and beat entry (here every
     second rather than every 300 s, so the test need not wait five minutes)."""
