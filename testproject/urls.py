@@ -2,8 +2,10 @@ from django.contrib import admin
 from django.urls import path
 
 from order_timeout import views
+from testproject.shop import views as shop_views
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("metrics/order-timeout", views.metrics),
+    path("shop/checkout", shop_views.checkout),
 ]

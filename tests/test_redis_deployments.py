@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import textwrap
 from collections.abc import Iterator
@@ -114,6 +115,48 @@ def test_tls(server, settings, make_order, certificates):
     with use_alias(settings, f"rediss://127.0.0.1:{port}/0",
                    CONNECTION_POOL_KWARGS={"ssl_ca_certs": str(certificates / "ca.crt")}):
         close_one_order_through_the_queue(make_order)
+
+
+def cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is a port too, and free."""
+    while True:
+        port = free_port()
+        if port + 10000 <= 65535:
+            try:
+                with socket.socket() as bus:
+                    bus.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+            return port
+
+
+@pytest.mark.slow
+def test_a_redis_cluster_over_tls_with_a_private_ca(server, settings, make_order, certificates):
+    """CONNECTION_POOL_KWARGS (the CA) reach every node's connections, the wake-ups' included."""
+    tls = ["--tls-cert-file", str(certificates / "server.crt"), "--tls-key-file",
+           str(certificates / "server.key"), "--tls-ca-cert-file", str(certificates / "ca.crt"),
+           "--tls-auth-clients", "no", "--tls-cluster", "yes", "--tls-replication", "yes"]
+    nodes = []
+    for _ in range(3):
+        port = cluster_port()
+        nodes.append(PrivateRedis("--tls-port", str(port), "--cluster-enabled", "yes",
+                                  "--cluster-node-timeout", "2000", *tls, port=port))
+    server.extend(nodes)
+    for node in nodes:
+        node.start()
+    subprocess.run(["redis-cli", "--tls", "--cacert", str(certificates / "ca.crt"), "--cluster", "create",
+                    *(f"127.0.0.1:{node.port}" for node in nodes), "--cluster-yes"],
+                   check=True, capture_output=True, timeout=60)
+    admins = [Redis(host="127.0.0.1", port=node.port, ssl=True, ssl_ca_certs=str(certificates / "ca.crt"))
+              for node in nodes]
+    wait_for(lambda: all(b"cluster_state:ok" in admin.execute_command("CLUSTER", "INFO") for admin in admins),
+             timeout=30)
+
+    with use_alias(settings, ",".join(f"rediss://127.0.0.1:{node.port}" for node in nodes),
+                   CONNECTION_FACTORY="order_timeout.redis_cluster.ClusterConnectionFactory",
+                   CONNECTION_POOL_KWARGS={"ssl_ca_certs": str(certificates / "ca.crt")}):
+        with override_settings(ORDER_TIMEOUT={**settings.ORDER_TIMEOUT, "SHARDS": 6}):
+            close_one_order_through_the_queue(make_order)
 
 
 @pytest.mark.slow
