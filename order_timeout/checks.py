@@ -195,16 +195,15 @@ def check_redis_server(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
 
     try:
         with redis_errors("answer"):
-            client = TimeoutQueue.from_settings().client
-            server = _one_node(client.info("server"))
-            memory = _one_node(client.info("memory"))
-            persistence = _one_node(client.info("persistence"))
-            saving = _one_node(client.config_get("save")).get("save", "")
+            facts = _ServerFacts(TimeoutQueue.from_settings())
     except (QueueUnavailable, ImproperlyConfigured) as exc:
         return [checks.Warning(f"Could not check the queue's Redis: {exc}",
                                hint="Run the deploy checks where Redis answers.",
                                id="order_timeout.W008")]
-    messages = version_messages(str(server["redis_version"]))
+    memory, persistence, saving = facts.memory, facts.persistence, facts.saving
+    messages = [*facts.unchecked()]
+    if facts.version:
+        messages += version_messages(facts.version)
     policy = memory.get("maxmemory_policy", "noeviction")
     if policy != "noeviction":
         messages.append(checks.Warning(
@@ -212,13 +211,68 @@ def check_redis_server(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
             "order that closes late, by the compensation scan.",
             hint="Set maxmemory-policy noeviction, or give the queue a Redis of its own.",
             id="order_timeout.W006"))
-    if not int(persistence.get("aof_enabled", 0)) and not saving:
+    if persistence and not int(persistence.get("aof_enabled", 0)) and saving == "":
         messages.append(checks.Warning(
             "The queue's Redis persists nothing (no AOF, no RDB saves): a restart loses every "
             "pending deadline until the beat task and the scan put them back (minutes).",
             hint="Turn on AOF (appendonly yes), or accept the delay after a restart.",
             id="order_timeout.W007"))
     return messages
+
+
+class _ServerFacts:
+    """What ``check_redis_server`` reads from the queue's Redis, and what its user may not read.
+
+    INFO and CONFIG are in ACL's ``@dangerous`` category, often refused to an
+    application's user: the version then comes from a script, and what stays
+    unknown is reported (``W008``) instead of failing the whole check.
+    """
+
+    def __init__(self, queue: Any) -> None:
+        self.refused: list[str] = []
+        client = queue.client
+        server = self._read("INFO", lambda: _one_node(client.info("server")))
+        self.memory: dict[str, Any] = self._read("INFO", lambda: _one_node(client.info("memory"))) or {}
+        self.persistence: dict[str, Any] = self._read(
+            "INFO", lambda: _one_node(client.info("persistence"))) or {}
+        saving = self._read("CONFIG GET", lambda: _one_node(client.config_get("save")))
+        # None: unknown (CONFIG refused); "" means no RDB snapshots.
+        self.saving: str | None = None if saving is None else saving.get("save", "")
+        self.version: str | None = (str(server["redis_version"]) if server
+                                    else self._read("EVALSHA", lambda: self._scripts_version(queue)))
+
+    def _read(self, command: str, read: Any) -> Any:
+        from redis.exceptions import NoPermissionError
+
+        try:
+            return read()
+        except NoPermissionError:
+            if command not in self.refused:
+                self.refused.append(command)
+            return None
+
+    def _scripts_version(self, queue: Any) -> str | None:
+        """The version as a script sees it: exact on Redis 7 and later, unknown before."""
+        from .server import version_num, version_text
+
+        number = version_num(queue.client, queue.shards[0].keys.probe)
+        return version_text(number) if number else None
+
+    def unchecked(self) -> list[checks.CheckMessage]:
+        subjects = [subject for subject, known in (
+            ("its version", self.version is not None), ("whether it evicts keys", bool(self.memory)),
+            ("whether it persists its data", bool(self.persistence) and (
+                self.saving is not None or int(self.persistence.get("aof_enabled", 0))))) if not known]
+        if not subjects:
+            return []
+        listed = " or ".join([", ".join(subjects[:-1]), subjects[-1]] if len(subjects) > 1 else subjects)
+        return [checks.Warning(
+            f"Could not check {listed}: the queue's Redis user may not run "
+            f"{' or '.join(self.refused)}.",
+            hint="Run check --deploy with a Redis user that may (INFO and CONFIG are @dangerous "
+                 "commands, rightly refused to the app's own user), or check by hand: "
+                 "maxmemory-policy noeviction, appendonly yes or RDB saves, Redis 6.2 or later.",
+            id="order_timeout.W008")]
 
 
 def version_messages(version: str) -> list[checks.CheckMessage]:
@@ -235,3 +289,36 @@ def _one_node(reply: Any) -> Any:
             and not {"redis_version", "maxmemory_policy", "aof_enabled", "save"} & set(reply):
         return next(iter(reply.values()))
     return reply
+
+
+@checks.register(checks.Tags.caches, deploy=True)
+def check_redis_permissions(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``manage.py check --deploy``: every command the app sends, tried as the queue's Redis user."""
+    from .exceptions import QueueUnavailable
+    from .queue import TimeoutQueue, redis_errors
+    from .server import refused_commands
+
+    try:
+        with redis_errors("answer"):
+            refusals = refused_commands(TimeoutQueue.from_settings())
+    except (QueueUnavailable, ImproperlyConfigured):
+        return []  # check_redis_server says it could not reach Redis (W008)
+    if not refusals:
+        return []
+    parts, grants = [], []
+    pattern = f"{{{settings.KEY_PREFIX}*"
+    for refused, text, grant in (("command", "run {}", "+{}"),
+                                 ("keys", f"touch the queue's keys ({pattern}, with {{}})", f"~{pattern}"),
+                                 ("channels", f"use the queue's channels ({pattern}, with {{}})",
+                                  f"&{pattern}")):
+        names = sorted({refusal.command for refusal in refusals if refusal.refused == refused},
+                       key=lambda name: (name != "select", name))  # SELECT first: it hides the rest
+        if names:
+            parts.append(text.format(", ".join(name.upper() for name in names)))
+            grants += [grant.format(name) for name in names] if refused == "command" else [grant]
+    return [checks.Warning(
+        f"The queue's Redis user may not {'; nor '.join(parts)} (its ACL rules refuse them): the app "
+        "sends them, and fails where they are refused (a save, a claim, the wake-ups).",
+        hint=f"Grant them: ACL SETUSER <user> {' '.join(grants)} (docs/operations.md shows the least "
+             "rule the app needs).",
+        id="order_timeout.W009")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
 import textwrap
@@ -14,6 +15,7 @@ from django.test import override_settings
 from django_redis import get_redis_connection
 from redis import Redis
 
+from order_timeout.checks import check_redis_permissions, check_redis_server
 from order_timeout.consumer import Consumer
 from order_timeout.health import measure
 
@@ -26,10 +28,15 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # (scripts run their commands as the user, so those count too). docs/operations.md shows it.
 ACL_RULES = (
     "on >s3cret ~{order_timeout* &{order_timeout* resetchannels &{order_timeout* "
-    "-@all +evalsha +eval +script|load +ping +info +zadd +zrem +zrange +zrangebyscore +zcard "
+    "-@all +select +evalsha +eval +script|load +ping +info +zadd +zrem +zrange +zrangebyscore +zcard "
     "+zcount +zscore +zmscore +zscan +hget +hmget +hset +hsetnx +hdel +hlen +hincrby +set +get "
     "+del +pexpire +publish +spublish +subscribe +ssubscribe +unsubscribe +sunsubscribe"
 )
+
+
+# What a shop's application user often is: everything but the dangerous commands
+# (INFO, CONFIG, KEYS, FLUSHALL, DEBUG...), on every key and channel.
+NOT_DANGEROUS = "on >s3cret ~* &* +@all -@dangerous"
 
 
 def use_alias(settings: Any, location: str, **options: Any) -> Any:
@@ -41,12 +48,16 @@ def use_alias(settings: Any, location: str, **options: Any) -> Any:
 
 
 def close_one_order_through_the_queue(make_order: Any) -> None:
-    """Schedule on commit, wake a sleeping consumer, claim, close, ack, report."""
-    worker = Consumer(max_wait=30)
+    """Schedule on commit, wake a sleeping consumer, claim, close, ack, report.
+
+    The consumer would sleep an hour (MAX_WAIT) without a wake-up: the order
+    closes within the wait only if the new deadline's message woke it.
+    """
+    worker = Consumer(max_wait=3600)
     with running(worker):
         wait_for(lambda: worker._listener is not None and worker._listener.subscribed, timeout=10)
         order = make_order(in_seconds=0.2)
-        wait_for(lambda: state(order) == "closed", timeout=15)
+        wait_for(lambda: state(order) == "closed", timeout=30)
     health = measure()
     assert (health.pending, health.leased, health.drift) == (0, 0, 0)
 
@@ -68,14 +79,24 @@ def test_a_password_protected_redis(server, settings, make_order):
         close_one_order_through_the_queue(make_order)
 
 
-def test_a_least_privilege_acl_user(server, settings, make_order, queue):
+def redis_with_user(server: list[PrivateRedis], rules: str) -> PrivateRedis:
+    """A private redis-server with the ACL user "order_timeout" (password s3cret) made of ``rules``."""
     redis = PrivateRedis()
     server.append(redis)
     redis.start()
-    Redis(port=redis.port).execute_command("ACL", "SETUSER", "order_timeout", *ACL_RULES.split())
+    Redis(port=redis.port).execute_command("ACL", "SETUSER", "order_timeout", *rules.split())
+    return redis
 
-    with use_alias(settings, f"redis://127.0.0.1:{redis.port}/0", USERNAME="order_timeout",
-                   PASSWORD="s3cret"):
+
+def as_user(settings: Any, redis: PrivateRedis, db: int = 0) -> Any:
+    return use_alias(settings, f"redis://127.0.0.1:{redis.port}/{db}", USERNAME="order_timeout",
+                     PASSWORD="s3cret")
+
+
+def test_a_least_privilege_acl_user(server, settings, make_order, queue):
+    redis = redis_with_user(server, ACL_RULES)
+
+    with as_user(settings, redis, db=1):  # a database of its own, as the README's LOCATION
         close_one_order_through_the_queue(make_order)
         client = get_redis_connection("deployment")
         # And nothing else: another key, or a command the app does not use, is refused.
@@ -83,6 +104,76 @@ def test_a_least_privilege_acl_user(server, settings, make_order, queue):
             client.set("someone-else", 1)
         with pytest.raises(Exception, match="NOPERM|no permissions"):
             client.flushdb()
+
+
+def test_a_user_without_the_dangerous_commands_is_woken_for_a_new_early_deadline(server, settings, make_order):
+    """INFO is refused to such a user; the wake-up thread must not need it."""
+    redis = redis_with_user(server, NOT_DANGEROUS)
+
+    with as_user(settings, redis):
+        close_one_order_through_the_queue(make_order)
+
+
+def test_a_user_refused_the_wake_up_subscription_gives_it_up_once_and_the_consumer_still_polls(
+        server, settings, make_order, caplog):
+    redis = redis_with_user(server, NOT_DANGEROUS + " -ssubscribe -subscribe")
+
+    with as_user(settings, redis), caplog.at_level(logging.INFO, logger="order_timeout"):
+        worker = Consumer(max_wait=0.2)
+        with running(worker):
+            wait_for(lambda: worker._listener is not None and not worker._listener.thread.is_alive(),
+                     timeout=10)
+            order = make_order(in_seconds=0.2)
+            wait_for(lambda: state(order) == "closed", timeout=15)
+
+    about_wake_ups = [record for record in caplog.records if "wake-up" in record.getMessage()]
+    assert [record.levelname for record in about_wake_ups] == ["ERROR"], about_wake_ups
+    assert "ssubscribe" in about_wake_ups[0].getMessage()
+
+
+def test_deploy_check_names_the_commands_the_user_lacks(server, settings):
+    redis = redis_with_user(server, ACL_RULES.replace(" +zmscore", "").replace(" +ssubscribe", ""))
+
+    with as_user(settings, redis):
+        messages = check_redis_permissions()
+
+    assert [message.id for message in messages] == ["order_timeout.W009"]
+    assert "may not run SSUBSCRIBE, ZMSCORE " in messages[0].msg
+    assert "+ssubscribe +zmscore" in messages[0].hint
+
+
+def test_deploy_check_says_a_location_with_a_database_number_needs_select(server, settings):
+    redis = redis_with_user(server, ACL_RULES.replace(" +select", ""))
+
+    with as_user(settings, redis, db=1):
+        messages = check_redis_permissions()
+
+    assert [message.id for message in messages] == ["order_timeout.W009"]
+    assert messages[0].msg.startswith("The queue's Redis user may not run SELECT ")
+
+
+def test_deploy_checks_find_nothing_missing_for_the_least_privilege_rule(server, settings):
+    redis = redis_with_user(server, ACL_RULES)
+
+    with as_user(settings, redis, db=1):
+        permissions, server_checks = check_redis_permissions(), check_redis_server()
+
+    assert permissions == []
+    # CONFIG is not in the rule (CONFIG GET would show secrets): the RDB saves go unchecked, and it says so.
+    assert [message.id for message in server_checks] == ["order_timeout.W008"]
+    assert "CONFIG" in server_checks[0].msg and "persist" in server_checks[0].msg
+
+
+def test_deploy_checks_run_for_a_user_without_the_dangerous_commands(server, settings):
+    redis = redis_with_user(server, NOT_DANGEROUS)
+
+    with as_user(settings, redis):
+        permissions, server_checks = check_redis_permissions(), check_redis_server()
+
+    assert permissions == []
+    # The version is still checked (through a script); eviction and persistence need INFO.
+    assert [message.id for message in server_checks] == ["order_timeout.W008"]
+    assert "INFO" in server_checks[0].msg and "evict" in server_checks[0].msg
 
 
 @pytest.fixture(scope="module")
