@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -322,3 +323,70 @@ def check_redis_permissions(app_configs: Any = None, **kwargs: Any) -> list[chec
         hint=f"Grant them: ACL SETUSER <user> {' '.join(grants)} (docs/operations.md shows the least "
              "rule the app needs).",
         id="order_timeout.W009")]
+
+
+# django-redis passes OPTIONS["USERNAME"] to Redis from this version on.
+DJANGO_REDIS_USERNAME = (7, 0)
+
+
+@checks.register(checks.Tags.compatibility)
+def check_client_libraries(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The installed redis-py and django-redis must do what the queue's alias asks of them.
+
+    The app itself needs an older redis-py than a cluster does (pyproject.toml
+    says the first, ``redis_cluster.MIN_REDIS_PY`` the second).
+    """
+    import django_redis
+    import redis
+
+    entry = django_settings.CACHES.get(settings.REDIS_ALIAS)
+    if not isinstance(entry, dict):
+        return []  # check_redis_alias reports it (E001)
+    options = entry.get("OPTIONS") or {}
+    return [*cluster_library_messages(options, redis.__version__),
+            *username_messages(options, tuple(django_redis.VERSION))]
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """'8.1.0' -> (8, 1, 0); a pre-release's letters are dropped ('8.1.0b1' -> (8, 1, 0))."""
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+def _uses_cluster_factory(options: dict[str, Any]) -> bool:
+    from django.utils.module_loading import import_string
+
+    from .redis_cluster import ClusterConnectionFactory
+
+    try:
+        factory = import_string(options.get("CONNECTION_FACTORY") or "django_redis.pool.ConnectionFactory")
+    except ImportError:
+        return False  # django-redis says so itself when it builds the cache
+    return isinstance(factory, type) and issubclass(factory, ClusterConnectionFactory)
+
+
+def cluster_library_messages(options: dict[str, Any], redis_py: str) -> list[checks.CheckMessage]:
+    """An error when the queue's alias is a Redis Cluster and redis-py is older than cluster mode needs."""
+    from .redis_cluster import MIN_REDIS_PY
+
+    if not _uses_cluster_factory(options) or _version(redis_py) >= _version(MIN_REDIS_PY):
+        return []
+    return [checks.Error(
+        f"The queue's cache alias is a Redis Cluster (ClusterConnectionFactory) and redis-py is "
+        f"{redis_py}; cluster mode needs {MIN_REDIS_PY} or later: older versions drop every sharded "
+        "pub/sub message on a cluster (the wake-ups never arrive).",
+        hint=f"pip install 'redis[hiredis]>={MIN_REDIS_PY}' (a standalone Redis or Sentinel works "
+             "with the older redis-py pyproject.toml allows).",
+        id="order_timeout.E009")]
+
+
+def username_messages(options: dict[str, Any], django_redis: tuple[int, ...]) -> list[checks.CheckMessage]:
+    """An error when OPTIONS names an ACL user that the installed django-redis would not send."""
+    if "USERNAME" not in options or django_redis[:2] >= DJANGO_REDIS_USERNAME or _uses_cluster_factory(options):
+        return []  # (the cluster factory reads USERNAME itself)
+    installed = ".".join(str(part) for part in django_redis)
+    return [checks.Error(
+        f"CACHES[{settings.REDIS_ALIAS!r}]['OPTIONS'] sets USERNAME, which django-redis {installed} "
+        "ignores (7.0 is the first to send it): the queue would log in as the default user.",
+        hint="Put the user in LOCATION instead (redis://user:password@host:6379/1), or upgrade "
+             "django-redis to 7.0 or later.",
+        id="order_timeout.E010")]

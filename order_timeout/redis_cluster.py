@@ -140,6 +140,8 @@ class ClusterConnectionFactory(ConnectionFactory):
         params = self.make_connection_params("")
         options = {name: params[name] for name in
                    ("username", "password", "socket_timeout", "socket_connect_timeout") if name in params}
+        if self.options.get("USERNAME"):  # django-redis before 7.0 leaves it out
+            options["username"] = self.options["USERNAME"]
         for name in self.pool_cls_kwargs:
             if name not in REDIS_ALLOWED_KEYS or name in _NOT_PER_NODE:
                 raise ImproperlyConfigured(

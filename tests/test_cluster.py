@@ -23,6 +23,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import ConnectionError
 
 from order_timeout import schedule
+from order_timeout.checks import check_redis_permissions
 from order_timeout.codec import deadline_score
 from order_timeout.models import Order
 from order_timeout.queue import TimeoutQueue
@@ -123,6 +124,11 @@ def test_a_cluster_client_built_by_another_factory_schedules_through_a_bounded_t
         assert isinstance(bounded, RedisCluster) and len(bounded.get_nodes()) == 6
         pools = [node.redis_connection.connection_pool for node in bounded.get_nodes()]
         assert {pool.connection_kwargs["socket_timeout"] for pool in pools} == {0.1}
+
+
+def test_the_deploy_checks_probe_of_the_users_commands_runs_on_a_cluster(redis_backend):
+    """Scripts, sharded pub/sub and key commands, each routed to the node of the queue's probe key."""
+    assert check_redis_permissions() == []
 
 
 def node_of(client: RedisCluster, key: str) -> tuple[str, int]:

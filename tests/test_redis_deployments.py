@@ -10,12 +10,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import django_redis
 import pytest
 from django.test import override_settings
 from django_redis import get_redis_connection
 from redis import Redis
 
-from order_timeout.checks import check_redis_permissions, check_redis_server
+from order_timeout.checks import (
+    DJANGO_REDIS_USERNAME,
+    check_client_libraries,
+    check_redis_permissions,
+    check_redis_server,
+    cluster_library_messages,
+    username_messages,
+)
 from order_timeout.consumer import Consumer
 from order_timeout.health import measure
 
@@ -88,15 +96,25 @@ def redis_with_user(server: list[PrivateRedis], rules: str) -> PrivateRedis:
     return redis
 
 
-def as_user(settings: Any, redis: PrivateRedis, db: int = 0) -> Any:
-    return use_alias(settings, f"redis://127.0.0.1:{redis.port}/{db}", USERNAME="order_timeout",
-                     PASSWORD="s3cret")
+def as_user(settings: Any, redis: PrivateRedis, db: int = 0, *, in_options: bool = False) -> Any:
+    """The alias logs in as "order_timeout": in LOCATION (any django-redis), or in OPTIONS (7.0 and later)."""
+    if in_options:
+        return use_alias(settings, f"redis://127.0.0.1:{redis.port}/{db}", USERNAME="order_timeout",
+                         PASSWORD="s3cret")
+    return use_alias(settings, f"redis://order_timeout:s3cret@127.0.0.1:{redis.port}/{db}")
 
 
-def test_a_least_privilege_acl_user(server, settings, make_order, queue):
+@pytest.mark.parametrize("in_options", [
+    False,
+    pytest.param(True, marks=pytest.mark.skipif(
+        django_redis.VERSION[:2] < DJANGO_REDIS_USERNAME,
+        reason="this django-redis ignores OPTIONS['USERNAME'] (check order_timeout.E010 says so)")),
+], ids=["user-in-location", "user-in-options"])
+def test_a_least_privilege_acl_user(server, settings, make_order, queue, in_options):
     redis = redis_with_user(server, ACL_RULES)
 
-    with as_user(settings, redis, db=1):  # a database of its own, as the README's LOCATION
+    # A database of its own, as the README's LOCATION.
+    with as_user(settings, redis, db=1, in_options=in_options):
         close_one_order_through_the_queue(make_order)
         client = get_redis_connection("deployment")
         # And nothing else: another key, or a command the app does not use, is refused.
@@ -174,6 +192,32 @@ def test_deploy_checks_run_for_a_user_without_the_dangerous_commands(server, set
     # The version is still checked (through a script); eviction and persistence need INFO.
     assert [message.id for message in server_checks] == ["order_timeout.W008"]
     assert "INFO" in server_checks[0].msg and "evict" in server_checks[0].msg
+
+
+CLUSTER_FACTORY = {"CONNECTION_FACTORY": "order_timeout.redis_cluster.ClusterConnectionFactory"}
+
+
+@pytest.mark.parametrize("redis_py, too_old", [("5.0.0", True), ("8.0.1", True), ("8.1.0", False),
+                                               ("9.0.0b1", False)])
+def test_a_cluster_alias_needs_redis_py_8_1_and_a_standalone_one_does_not(redis_py, too_old):
+    assert [m.id for m in cluster_library_messages(CLUSTER_FACTORY, redis_py)] == (
+        ["order_timeout.E009"] if too_old else [])
+    assert cluster_library_messages({}, redis_py) == []
+
+
+@pytest.mark.parametrize("django_redis_version, ignored", [((5, 4, 0), True), ((6, 0, 0), True),
+                                                           ((7, 0, 0), False)])
+def test_a_username_in_options_needs_a_django_redis_that_sends_it(django_redis_version, ignored):
+    options = {"USERNAME": "order_timeout", "PASSWORD": "s3cret"}
+
+    assert [m.id for m in username_messages(options, django_redis_version)] == (
+        ["order_timeout.E010"] if ignored else [])
+    assert username_messages({**options, **CLUSTER_FACTORY}, django_redis_version) == []  # reads it itself
+    assert username_messages({"PASSWORD": "s3cret"}, django_redis_version) == []
+
+
+def test_the_installed_client_libraries_fit_the_test_projects_aliases():
+    assert check_client_libraries() == []
 
 
 @pytest.fixture(scope="module")
