@@ -299,6 +299,7 @@ class TimeoutQueue:
 
     @classmethod
     def from_settings(cls) -> TimeoutQueue:
+        """The queue on ``REDIS_ALIAS``'s client (``alias_client``); ``QueueUnavailable`` if it cannot connect."""
         from .conf import settings
 
         return cls(alias_client(settings.REDIS_ALIAS), settings.KEY_PREFIX, settings.SHARDS)
@@ -505,13 +506,16 @@ def alias_client(alias: str) -> Any:
     a cluster needs them all, so that a process started while one seed is down
     still finds the others.
     """
+    from django.core.exceptions import ImproperlyConfigured
     from django_redis import get_redis_connection
 
     with redis_errors("connect"):
         factory = _cluster_factory(alias)
-        if factory is not None:
-            return factory.cluster(_location(alias))
-        return get_redis_connection(alias)
+        client = factory.cluster(_location(alias)) if factory is not None else get_redis_connection(alias)
+    if not isinstance(client, (Redis, RedisCluster)):
+        raise ImproperlyConfigured(f"CACHES[{alias!r}] gives a {type(client).__name__} client; the order "
+                                   "timeout queue needs redis-py's Redis or RedisCluster.")
+    return client
 
 
 def _limits(timeout: float) -> dict[str, Any]:
@@ -531,7 +535,9 @@ def bounded_client(client: Any, timeout: float) -> Any:
     if isinstance(client, RedisCluster):
         from .redis_cluster import cluster_twin
 
-        return cluster_twin(client, **_limits(timeout), **_pool_limits(timeout, SAVE_CONNECTIONS))
+        size = min(SAVE_CONNECTIONS, client.nodes_manager.connection_kwargs.get("max_connections")
+                   or SAVE_CONNECTIONS)
+        return cluster_twin(client, **_limits(timeout), **_pool_limits(timeout, size))
     pool = client.connection_pool
     kwargs = {**pool.connection_kwargs, **_limits(timeout), "retry_on_timeout": False,
               "connection_class": pool.connection_class}
@@ -565,8 +571,10 @@ def saves_client(alias: str, timeout: float) -> Any:
         if factory is not None:
             from .redis_cluster import cluster_client
 
-            built = cluster_client(_location(alias), **{**factory.connection_options(), **_limits(timeout),
-                                                        **_pool_limits(timeout, SAVE_CONNECTIONS)})
+            options = factory.connection_options()
+            size = min(SAVE_CONNECTIONS, options.get("max_connections") or SAVE_CONNECTIONS)
+            built = cluster_client(_location(alias), **{**options, **_limits(timeout),
+                                                        **_pool_limits(timeout, size)})
         else:
             built = bounded_client(alias_client(alias), timeout)
     with _bounded_lock:
