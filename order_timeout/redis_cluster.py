@@ -107,12 +107,12 @@ def cluster_twin(template: RedisCluster, /, **changes: Any) -> RedisCluster:
     are the seeds, and its node connection options are redis-py's public
     ``nodes_manager.connection_kwargs``.
     """
-    options = {name: value for name, value in template.nodes_manager.connection_kwargs.items()
+    manager = template.nodes_manager
+    options = {name: value for name, value in manager.connection_kwargs.items()
                if name != "redis_connect_func"}  # the template's own hook, bound to it
     if options.pop("ssl", False):
         # Built from host and port (not a URL): the pools take a connection class, not a flag.
         options["connection_class"] = SSLConnection
-    manager = template.nodes_manager
     cluster_wide: dict[str, Any] = {"reinitialize_steps": template.reinitialize_steps,
                                     "address_remap": manager.address_remap,
                                     "connection_pool_class": manager.connection_pool_class}
