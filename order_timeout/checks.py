@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -17,7 +18,7 @@ def _not_a_dict(alias: str, entry: Any) -> checks.Error:
         f"CACHES[{alias!r}] is a {type(entry).__name__}, not a dict of cache settings.",
         hint="Write it out in full, e.g. {'BACKEND': 'django.core.cache.backends.locmem.LocMemCache'} "
              "(a '{...}' copied from documentation is a set holding Ellipsis).",
-        id="order_timeout.E010",
+        id="order_timeout.E012",
     )
 
 
@@ -216,16 +217,15 @@ def check_redis_server(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
 
     try:
         with redis_errors("answer"):
-            client = TimeoutQueue.from_settings().client
-            server = _one_node(client.info("server"))
-            memory = _one_node(client.info("memory"))
-            persistence = _one_node(client.info("persistence"))
-            saving = _one_node(client.config_get("save")).get("save", "")
+            facts = _ServerFacts(TimeoutQueue.from_settings())
     except (QueueUnavailable, ImproperlyConfigured) as exc:
         return [checks.Warning(f"Could not check the queue's Redis: {exc}",
                                hint="Run the deploy checks where Redis answers.",
                                id="order_timeout.W008")]
-    messages = version_messages(str(server["redis_version"]))
+    memory, persistence, saving = facts.memory, facts.persistence, facts.saving
+    messages = [*facts.unchecked()]
+    if facts.version:
+        messages += version_messages(facts.version)
     policy = memory.get("maxmemory_policy", "noeviction")
     if policy != "noeviction":
         messages.append(checks.Warning(
@@ -233,13 +233,68 @@ def check_redis_server(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
             "order that closes late, by the compensation scan.",
             hint="Set maxmemory-policy noeviction, or give the queue a Redis of its own.",
             id="order_timeout.W006"))
-    if not int(persistence.get("aof_enabled", 0)) and not saving:
+    if persistence and not int(persistence.get("aof_enabled", 0)) and saving == "":
         messages.append(checks.Warning(
             "The queue's Redis persists nothing (no AOF, no RDB saves): a restart loses every "
             "pending deadline until the beat task and the scan put them back (minutes).",
             hint="Turn on AOF (appendonly yes), or accept the delay after a restart.",
             id="order_timeout.W007"))
     return messages
+
+
+class _ServerFacts:
+    """What ``check_redis_server`` reads from the queue's Redis, and what its user may not read.
+
+    INFO and CONFIG are in ACL's ``@dangerous`` category, often refused to an
+    application's user: the version then comes from a script, and what stays
+    unknown is reported (``W008``) instead of failing the whole check.
+    """
+
+    def __init__(self, queue: Any) -> None:
+        self.refused: list[str] = []
+        client = queue.client
+        server = self._read("INFO", lambda: _one_node(client.info("server")))
+        self.memory: dict[str, Any] = self._read("INFO", lambda: _one_node(client.info("memory"))) or {}
+        self.persistence: dict[str, Any] = self._read(
+            "INFO", lambda: _one_node(client.info("persistence"))) or {}
+        saving = self._read("CONFIG GET", lambda: _one_node(client.config_get("save")))
+        # None: unknown (CONFIG refused); "" means no RDB snapshots.
+        self.saving: str | None = None if saving is None else saving.get("save", "")
+        self.version: str | None = (str(server["redis_version"]) if server
+                                    else self._read("EVALSHA", lambda: self._scripts_version(queue)))
+
+    def _read(self, command: str, read: Any) -> Any:
+        from redis.exceptions import NoPermissionError
+
+        try:
+            return read()
+        except NoPermissionError:
+            if command not in self.refused:
+                self.refused.append(command)
+            return None
+
+    def _scripts_version(self, queue: Any) -> str | None:
+        """The version as a script sees it: exact on Redis 7 and later, unknown before."""
+        from .server import version_num, version_text
+
+        number = version_num(queue.client, queue.shards[0].keys.probe)
+        return version_text(number) if number else None
+
+    def unchecked(self) -> list[checks.CheckMessage]:
+        subjects = [subject for subject, known in (
+            ("its version", self.version is not None), ("whether it evicts keys", bool(self.memory)),
+            ("whether it persists its data", bool(self.persistence) and (
+                self.saving is not None or int(self.persistence.get("aof_enabled", 0))))) if not known]
+        if not subjects:
+            return []
+        listed = " or ".join([", ".join(subjects[:-1]), subjects[-1]] if len(subjects) > 1 else subjects)
+        return [checks.Warning(
+            f"Could not check {listed}: the queue's Redis user may not run "
+            f"{' or '.join(self.refused)}.",
+            hint="Run check --deploy with a Redis user that may (INFO and CONFIG are @dangerous "
+                 "commands, rightly refused to the app's own user), or check by hand: "
+                 "maxmemory-policy noeviction, appendonly yes or RDB saves, Redis 6.2 or later.",
+            id="order_timeout.W008")]
 
 
 def version_messages(version: str) -> list[checks.CheckMessage]:
@@ -289,3 +344,103 @@ def check_database_features_on_deploy(app_configs: Any = None, **kwargs: Any) ->
     """``check --deploy`` asks the database too, as it asks Redis (once: with ``--database``
     the check above has answered)."""
     return [] if kwargs.get("databases") else check_database_features(deploy=True)
+
+
+@checks.register(checks.Tags.caches, deploy=True)
+def check_redis_permissions(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``manage.py check --deploy``: every command the app sends, tried as the queue's Redis user."""
+    from .exceptions import QueueUnavailable
+    from .queue import TimeoutQueue, redis_errors
+    from .server import refused_commands
+
+    try:
+        with redis_errors("answer"):
+            refusals = refused_commands(TimeoutQueue.from_settings())
+    except (QueueUnavailable, ImproperlyConfigured):
+        return []  # check_redis_server says it could not reach Redis (W008)
+    if not refusals:
+        return []
+    parts, grants = [], []
+    pattern = f"{{{settings.KEY_PREFIX}*"
+    for refused, text, grant in (("command", "run {}", "+{}"),
+                                 ("keys", f"touch the queue's keys ({pattern}, with {{}})", f"~{pattern}"),
+                                 ("channels", f"use the queue's channels ({pattern}, with {{}})",
+                                  f"&{pattern}")):
+        names = sorted({refusal.command for refusal in refusals if refusal.refused == refused},
+                       key=lambda name: (name != "select", name))  # SELECT first: it hides the rest
+        if names:
+            parts.append(text.format(", ".join(name.upper() for name in names)))
+            grants += [grant.format(name) for name in names] if refused == "command" else [grant]
+    return [checks.Warning(
+        f"The queue's Redis user may not {'; nor '.join(parts)} (its ACL rules refuse them): the app "
+        "sends them, and fails where they are refused (a save, a claim, the wake-ups).",
+        hint=f"Grant them: ACL SETUSER <user> {' '.join(grants)} (docs/operations.md shows the least "
+             "rule the app needs).",
+        id="order_timeout.W009")]
+
+
+# django-redis passes OPTIONS["USERNAME"] to Redis from this version on.
+DJANGO_REDIS_USERNAME = (7, 0)
+
+
+@checks.register(checks.Tags.compatibility)
+def check_client_libraries(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The installed redis-py and django-redis must do what the queue's alias asks of them.
+
+    The app itself needs an older redis-py than a cluster does (pyproject.toml
+    says the first, ``redis_cluster.MIN_REDIS_PY`` the second).
+    """
+    import django_redis
+    import redis
+
+    entry = django_settings.CACHES.get(settings.REDIS_ALIAS)
+    if not isinstance(entry, dict):
+        return []  # check_redis_alias reports it (E001)
+    options = entry.get("OPTIONS") or {}
+    return [*cluster_library_messages(options, redis.__version__),
+            *username_messages(options, tuple(django_redis.VERSION))]
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """'8.1.0' -> (8, 1, 0); a pre-release's letters are dropped ('8.1.0b1' -> (8, 1, 0))."""
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+def _uses_cluster_factory(options: dict[str, Any]) -> bool:
+    from django.utils.module_loading import import_string
+
+    from .redis_cluster import ClusterConnectionFactory
+
+    try:
+        factory = import_string(options.get("CONNECTION_FACTORY") or "django_redis.pool.ConnectionFactory")
+    except ImportError:
+        return False  # django-redis says so itself when it builds the cache
+    return isinstance(factory, type) and issubclass(factory, ClusterConnectionFactory)
+
+
+def cluster_library_messages(options: dict[str, Any], redis_py: str) -> list[checks.CheckMessage]:
+    """An error when the queue's alias is a Redis Cluster and redis-py is older than cluster mode needs."""
+    from .redis_cluster import MIN_REDIS_PY
+
+    if not _uses_cluster_factory(options) or _version(redis_py) >= _version(MIN_REDIS_PY):
+        return []
+    return [checks.Error(
+        f"The queue's cache alias is a Redis Cluster (ClusterConnectionFactory) and redis-py is "
+        f"{redis_py}; cluster mode needs {MIN_REDIS_PY} or later: older versions drop every sharded "
+        "pub/sub message on a cluster (the wake-ups never arrive).",
+        hint=f"pip install 'redis[hiredis]>={MIN_REDIS_PY}' (a standalone Redis or Sentinel works "
+             "with the older redis-py pyproject.toml allows).",
+        id="order_timeout.E009")]
+
+
+def username_messages(options: dict[str, Any], django_redis: tuple[int, ...]) -> list[checks.CheckMessage]:
+    """An error when OPTIONS names an ACL user that the installed django-redis would not send."""
+    if "USERNAME" not in options or django_redis[:2] >= DJANGO_REDIS_USERNAME or _uses_cluster_factory(options):
+        return []  # (the cluster factory reads USERNAME itself)
+    installed = ".".join(str(part) for part in django_redis)
+    return [checks.Error(
+        f"CACHES[{settings.REDIS_ALIAS!r}]['OPTIONS'] sets USERNAME, which django-redis {installed} "
+        "ignores (7.0 is the first to send it): the queue would log in as the default user.",
+        hint="Put the user in LOCATION instead (redis://user:password@host:6379/1), or upgrade "
+             "django-redis to 7.0 or later.",
+        id="order_timeout.E010")]

@@ -74,6 +74,11 @@ class QueueKeys:
         """(Sharded) pub/sub channel: a new earliest deadline (ms) of this shard, for consumers."""
         return self._key("wake")
 
+    @property
+    def probe(self) -> str:
+        """Scratch key, and channel, of ``check --deploy``'s permission probe: deleted at once."""
+        return self._key("probe")
+
     def all(self) -> list[str]:
         """Every key of the shard that holds data (for resharding and tests)."""
         return [self.pending, self.leased, self.owners, self.attempts, self.first_failure,

@@ -25,7 +25,7 @@ from functools import cached_property
 from importlib import resources
 from typing import Any, TypeVar
 
-from redis import Redis
+from redis import BlockingConnectionPool, Redis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
@@ -296,26 +296,24 @@ class TimeoutQueue:
 
     @classmethod
     def from_settings(cls) -> TimeoutQueue:
-        from django_redis import get_redis_connection
-
+        """The queue on ``REDIS_ALIAS``'s client (``alias_client``); ``QueueUnavailable`` if it cannot connect."""
         from .conf import settings
 
-        return cls(get_redis_connection(settings.REDIS_ALIAS), settings.KEY_PREFIX, settings.SHARDS)
+        return cls(alias_client(settings.REDIS_ALIAS), settings.KEY_PREFIX, settings.SHARDS)
 
     @classmethod
     def for_saves(cls) -> TimeoutQueue:
-        """The queue as seen from a request: every round trip bounded by ``SCHEDULE_TIMEOUT``."""
-        from django_redis import get_redis_connection
+        """The queue as seen from a request: every round trip bounded by ``SCHEDULE_TIMEOUT``.
 
+        Its client is the process's one for this alias, its settings and the
+        timeout, shared by every thread and async context (Django builds cache
+        clients per thread and per request; one bounded client each would open
+        connections without end).
+        """
         from .conf import settings
 
-        client = get_redis_connection(settings.REDIS_ALIAS)
-        key = (id(client), settings.SCHEDULE_TIMEOUT)
-        with _bounded_lock:
-            bounded = _bounded_clients.get(key)
-            if bounded is None:
-                bounded = _bounded_clients[key] = bounded_client(client, settings.SCHEDULE_TIMEOUT)
-        return cls(bounded, settings.KEY_PREFIX, settings.SHARDS)
+        return cls(saves_client(settings.REDIS_ALIAS, settings.SCHEDULE_TIMEOUT), settings.KEY_PREFIX,
+                   settings.SHARDS)
 
     @cached_property
     def scripts(self) -> dict[str, Script]:
@@ -486,30 +484,113 @@ class TimeoutQueue:
                 self.client.hdel(self.global_keys.scanning, *members)
 
 
+# Most connections the saves of one process open to each Redis node (fewer if the
+# alias's own pool allows fewer): a save waits at most SCHEDULE_TIMEOUT for one to come
+# free. Saves hold one for a round trip, so a few serve every thread of a web process.
+SAVE_CONNECTIONS = 10
+
+
+def _cluster_factory(alias: str) -> Any:
+    """The alias's ``ClusterConnectionFactory``, or None for any other connection factory."""
+    from django.core.cache import caches
+
+    from .redis_cluster import ClusterConnectionFactory
+
+    factory = getattr(getattr(caches[alias], "client", None), "connection_factory", None)
+    return factory if isinstance(factory, ClusterConnectionFactory) else None
+
+
+def _location(alias: str) -> Any:
+    from django.conf import settings as django_settings
+
+    return django_settings.CACHES[alias].get("LOCATION", "")
+
+
+def alias_client(alias: str) -> Any:
+    """The Redis client of a cache alias: django-redis's, or a Cluster seeded with every node LOCATION names.
+
+    django-redis hands a connection factory one server of LOCATION at a time;
+    a cluster needs them all, so that a process started while one seed is down
+    still finds the others.
+    """
+    from django.core.exceptions import ImproperlyConfigured
+    from django_redis import get_redis_connection
+
+    with redis_errors("connect"):
+        factory = _cluster_factory(alias)
+        client = factory.cluster(_location(alias)) if factory is not None else get_redis_connection(alias)
+    if not isinstance(client, (Redis, RedisCluster)):
+        raise ImproperlyConfigured(f"CACHES[{alias!r}] gives a {type(client).__name__} client; the order "
+                                   "timeout queue needs redis-py's Redis or RedisCluster.")
+    return client
+
+
+def _limits(timeout: float) -> dict[str, Any]:
+    return {"socket_timeout": timeout, "socket_connect_timeout": timeout,
+            "retry": RedisRetry(NoBackoff(), 0)}
+
+
 def bounded_client(client: Any, timeout: float) -> Any:
     """A client on the same servers whose every round trip gives up after ``timeout`` seconds.
 
     For work done inside a web request (scheduling on commit): a Redis that
     hangs must cost the request a bounded time, not the alias's timeouts
-    (often none) times redis-py's retries.
+    (often none) times redis-py's retries. Its pool holds ``SAVE_CONNECTIONS``
+    at most (per node), and a save waits ``timeout`` at most for one. Any
+    ``RedisCluster`` will do, however it was built.
     """
-    limits = {"socket_timeout": timeout, "socket_connect_timeout": timeout,
-              "retry": RedisRetry(NoBackoff(), 0)}
     if isinstance(client, RedisCluster):
-        from .redis_cluster import cluster_client
+        from .redis_cluster import cluster_twin
 
-        return cluster_client(client, **limits)
+        size = min(SAVE_CONNECTIONS, client.nodes_manager.connection_kwargs.get("max_connections")
+                   or SAVE_CONNECTIONS)
+        return cluster_twin(client, **_limits(timeout), **_pool_limits(timeout, size))
     pool = client.connection_pool
-    kwargs = {**pool.connection_kwargs, **limits, "retry_on_timeout": False,
+    kwargs = {**pool.connection_kwargs, **_limits(timeout), "retry_on_timeout": False,
               "connection_class": pool.connection_class}
     if isinstance(pool, SentinelConnectionPool):
         # The pool finds the current master through the sentinels; its connections point back to it.
         kwargs.pop("connection_pool", None)
         return Redis(connection_pool=SentinelConnectionPool(
             pool.service_name, pool.sentinel_manager, is_master=pool.is_master, **kwargs))
-    return Redis(connection_pool=type(pool)(**kwargs))
+    size = min(SAVE_CONNECTIONS, getattr(pool, "max_connections", None) or SAVE_CONNECTIONS)
+    return Redis(connection_pool=BlockingConnectionPool(max_connections=size, timeout=timeout, **kwargs))
 
 
-# One bounded client per (django-redis client, timeout), shared by every request of a process.
-_bounded_clients: dict[tuple[int, float], Any] = {}
+def _pool_limits(timeout: float, size: int) -> dict[str, Any]:
+    """Each node's pool: at most ``size`` connections, waiting ``timeout`` at most for one."""
+    return {"connection_pool_class": BlockingConnectionPool, "max_connections": size, "timeout": timeout}
+
+
+def saves_client(alias: str, timeout: float) -> Any:
+    """The process's bounded client for saves through ``alias`` (built on first use, then shared)."""
+    from django.conf import settings as django_settings
+
+    key = (alias, repr(django_settings.CACHES.get(alias)), timeout)
+    with _bounded_lock:
+        client = _bounded_clients.get(key)
+    if client is not None:
+        return client
+    # Built outside the lock: a cluster client connects while it is built, and a save
+    # must not wait for another save's connection attempt as well as its own.
+    with redis_errors("connect"):
+        factory = _cluster_factory(alias)
+        if factory is not None:
+            from .redis_cluster import cluster_client
+
+            options = factory.connection_options()
+            size = min(SAVE_CONNECTIONS, options.get("max_connections") or SAVE_CONNECTIONS)
+            built = cluster_client(_location(alias), **{**options, **_limits(timeout),
+                                                        **_pool_limits(timeout, size)})
+        else:
+            built = bounded_client(alias_client(alias), timeout)
+    with _bounded_lock:
+        client = _bounded_clients.setdefault(key, built)
+    if client is not built:
+        built.close()
+    return client
+
+
+# One bounded client per (alias, its CACHES entry, timeout), shared by every thread and request of a process.
+_bounded_clients: dict[tuple[str, str, float], Any] = {}
 _bounded_lock = threading.Lock()

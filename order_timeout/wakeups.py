@@ -3,9 +3,14 @@
 Each shard publishes on its own channel when a new deadline becomes its
 earliest (``lua/schedule.lua``): sharded pub/sub (``SSUBSCRIBE``) on Redis 7
 and later, so in a Cluster the message stays on the shard's own master; plain
-pub/sub before. When the subscription breaks (a failover, a restart), the
-thread builds it again, against whatever node holds the slots now; until it
-is back, the consumer still wakes every ``MAX_WAIT``.
+pub/sub before. The thread asks the server's version the way the script does
+(``lua/version.lua``), not with INFO, which ACL rules such as
+``-@dangerous`` refuse. When the subscription breaks (a failover, a
+restart), the thread builds it again, against whatever node holds the slots
+now; until it is back, the consumer still wakes every ``MAX_WAIT``. When the
+user may not subscribe at all (a refused command or channel), the thread
+says so once and ends: retrying cannot help, and the consumer polls every
+``MAX_WAIT``.
 """
 
 from __future__ import annotations
@@ -16,23 +21,15 @@ from collections.abc import Callable
 from typing import Any
 
 from redis.cluster import RedisCluster
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import NoPermissionError, RedisClusterException, RedisError
 
 from .queue import TimeoutQueue
+from .server import sharded_pubsub
 
 logger = logging.getLogger("order_timeout")
 
 # Seconds between attempts to build a broken subscription again.
 RESUBSCRIBE_AFTER = 1.0
-
-
-def supports_sharded_pubsub(client: Any) -> bool:
-    """Redis 7 and later (SSUBSCRIBE, SPUBLISH)."""
-    info = client.info("server")
-    if isinstance(info, dict) and "redis_version" not in info:  # a Cluster: one reply per node
-        info = next(iter(info.values()))
-    major = int(str(info["redis_version"]).split(".")[0])
-    return major >= 7
 
 
 class WakeListener:
@@ -44,9 +41,13 @@ class WakeListener:
         self._channels = {shard.keys.wake: shard.index for shard in queue.shards}
         self._closed = threading.Event()
         self._pubsub: Any = None
+        # Channels the server has confirmed since the subscription was (re)built.
+        self._confirmed: set[str] = set()
         self._sharded: bool | None = None
         self._cluster = isinstance(queue.client, RedisCluster)
         self._failing = False
+        # Why the wake-ups are off for good (the user may not subscribe), or None.
+        self.refused: str | None = None
         self.thread = threading.Thread(target=self._run, name="order-timeout-wakeups", daemon=True)
         self.thread.start()
 
@@ -57,7 +58,8 @@ class WakeListener:
 
     @property
     def subscribed(self) -> bool:
-        return self._pubsub is not None
+        """The server has confirmed every channel: a deadline scheduled from now on wakes the consumer."""
+        return self._pubsub is not None and len(self._confirmed) == len(self._channels)
 
     def _run(self) -> None:
         while not self._closed.is_set():
@@ -65,6 +67,9 @@ class WakeListener:
                 if self._pubsub is None:
                     self._subscribe()
                 message = self._next_message()
+            except NoPermissionError as exc:
+                self._give_up(exc)
+                return
             except (RedisError, RedisClusterException, OSError, ValueError) as exc:
                 if not self._failing:
                     logger.warning("Lost the wake-up subscription (%s: %s); building it again every "
@@ -74,20 +79,35 @@ class WakeListener:
                 self._drop()
                 self._closed.wait(RESUBSCRIBE_AFTER)
                 continue
-            if self._failing:
+            if self._failing and self.subscribed:
                 logger.info("Wake-up subscription back.")
                 self._failing = False
-            if message and message.get("type") in ("message", "smessage"):
-                channel = message["channel"]
-                channel = channel.decode() if isinstance(channel, bytes) else channel
-                if channel in self._channels:
-                    self.on_wake(self._channels[channel])
+            if message:
+                self._handle(message)
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        channel = message["channel"]
+        channel = channel.decode() if isinstance(channel, bytes) else channel
+        if message.get("type") in ("subscribe", "ssubscribe"):
+            self._confirmed.add(channel)
+        elif message.get("type") in ("message", "smessage") and channel in self._channels:
+            self.on_wake(self._channels[channel])
+
+    def _give_up(self, exc: NoPermissionError) -> None:
+        what = "SSUBSCRIBE" if self._sharded else "SUBSCRIBE" if self._sharded is not None else "EVALSHA"
+        self.refused = f"{what}: {exc}"
+        logger.error("The queue's Redis user may not run %s on the wake-up channels (%s): the wake-ups "
+                     "are off, and this consumer notices a new early deadline only every MAX_WAIT. Grant "
+                     "it (docs/operations.md, Redis; manage.py check --deploy lists what is missing) and "
+                     "restart the consumer.", what, exc)
+        self._drop()
 
     def _subscribe(self) -> None:
         client = self.queue.client
         if self._sharded is None:
-            self._sharded = supports_sharded_pubsub(client)
-        pubsub = client.pubsub(ignore_subscribe_messages=True)
+            self._sharded = sharded_pubsub(client, self.queue.shards[0].keys.wake)
+        self._confirmed = set()
+        pubsub = client.pubsub()
         try:
             if self._sharded:
                 pubsub.ssubscribe(*self._channels)
@@ -107,6 +127,7 @@ class WakeListener:
 
     def _drop(self) -> None:
         pubsub, self._pubsub = self._pubsub, None
+        self._confirmed = set()
         if pubsub is not None:
             try:
                 pubsub.close()

@@ -2,9 +2,11 @@ from django.contrib import admin
 from django.urls import path
 
 from order_timeout import views
+from testproject.shop import views as shop_views
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     # Not public: a login with view_timeoutoverview, or ORDER_TIMEOUT["METRICS_TOKEN"] as a bearer token.
     path("metrics/order-timeout", views.metrics),
+    path("shop/checkout", shop_views.checkout),
 ]

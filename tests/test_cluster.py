@@ -2,24 +2,34 @@
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.db.models import Count
+from django.test import override_settings
 from django.utils import timezone
+from django_redis.pool import ConnectionFactory
 from redis import Redis
 from redis.cluster import RedisCluster
 from redis.exceptions import ConnectionError
 
 from order_timeout import schedule
+from order_timeout.checks import check_redis_permissions
+from order_timeout.codec import deadline_score
 from order_timeout.models import Order
+from order_timeout.queue import TimeoutQueue
 from testproject.shop.models import Expiry
 
-from .conftest import wait_for
+from .conftest import free_port, wait_for
 from .helpers import count_in, leased_members, pending_count, score_of
 
 pytestmark = [pytest.mark.django_db(transaction=True),
@@ -49,6 +59,76 @@ def test_a_consumer_closes_orders_of_every_shard(redis_backend, queue, make_orde
 
     assert stats.closed == 100 and count_in(Order, "closed") == 100
     assert pending_count(queue) == 0 and leased_members(queue) == []
+
+
+def cluster_alias(settings: Any, **changes: Any) -> Any:
+    """The "cluster" cache alias with some of its entry changed (LOCATION, OPTIONS)."""
+    entry = settings.CACHES["cluster"]
+    return override_settings(CACHES={**settings.CACHES, "cluster": {**entry, **changes}})
+
+
+@pytest.fixture(params=["comma-separated", "list"])
+def dead_seed_first(request: pytest.FixtureRequest, settings: Any, redis_backend: str) -> Iterator[Any]:
+    """LOCATION names a node that is gone (nothing listens there) first, then a live one."""
+    dead, live = f"redis://127.0.0.1:{free_port()}", settings.CACHES["cluster"]["LOCATION"]
+    location = f"{dead},{live}" if request.param == "comma-separated" else [dead, live]
+    with cluster_alias(settings, LOCATION=location):
+        yield location
+
+
+def test_a_location_whose_first_seed_is_gone_still_schedules_claims_reports_and_rebuilds(
+        dead_seed_first, make_order, consumer):
+    due = [make_order(in_seconds=-1) for _ in range(20)]  # scheduled through the saves' own client
+    waiting = make_order(in_seconds=600)
+    queue = TimeoutQueue.from_settings()
+    assert pending_count(queue) == 21
+
+    stats = consumer(batch_size=50).run(once=True)
+
+    assert stats.closed == 20 and all(Order.objects.get(pk=o.pk).status == "closed" for o in due)
+    out = io.StringIO()
+    call_command("order_timeout_status", "--json", stdout=out)
+    assert json.loads(out.getvalue())["pending"] == 1
+    queue.client.zrem(queue.shard_for(str(waiting.pk)).keys.pending, str(waiting.pk))  # lost
+    call_command("order_timeout_compensate", "--rebuild", stdout=out)
+    assert score_of(queue, str(waiting.pk)) == deadline_score(waiting.expires_at)
+
+
+def test_connection_pool_kwargs_reach_every_nodes_connections(settings, redis_backend, make_order):
+    options = {**settings.CACHES["cluster"]["OPTIONS"],
+               "CONNECTION_POOL_KWARGS": {"client_name": "order-timeout-kwargs"}}
+    with cluster_alias(settings, OPTIONS=options):
+        make_order(in_seconds=600)  # the saves' client
+        for client in (TimeoutQueue.from_settings().client, TimeoutQueue.for_saves().client):
+            names = {node.name: node.redis_connection.client_getname() for node in client.get_nodes()}
+
+            assert len(names) == 6 and set(names.values()) == {"order-timeout-kwargs"}, names
+
+
+class PlainClusterFactory(ConnectionFactory):
+    """A shop's own connection factory: a RedisCluster redis-py's way, nothing of this app's."""
+
+    def get_connection(self, params: dict[str, Any]) -> Any:
+        return RedisCluster.from_url(params["url"], socket_timeout=2)
+
+
+def test_a_cluster_client_built_by_another_factory_schedules_through_a_bounded_twin(
+        settings, redis_backend, make_order):
+    options = {**settings.CACHES["cluster"]["OPTIONS"],
+               "CONNECTION_FACTORY": "tests.test_cluster.PlainClusterFactory"}
+    with cluster_alias(settings, OPTIONS=options):
+        order = make_order(in_seconds=600)
+        bounded = TimeoutQueue.for_saves().client
+
+        assert score_of(TimeoutQueue.from_settings(), str(order.pk)) is not None
+        assert isinstance(bounded, RedisCluster) and len(bounded.get_nodes()) == 6
+        pools = [node.redis_connection.connection_pool for node in bounded.get_nodes()]
+        assert {pool.connection_kwargs["socket_timeout"] for pool in pools} == {0.1}
+
+
+def test_the_deploy_checks_probe_of_the_users_commands_runs_on_a_cluster(redis_backend):
+    """Scripts, sharded pub/sub and key commands, each routed to the node of the queue's probe key."""
+    assert check_redis_permissions() == []
 
 
 def node_of(client: RedisCluster, key: str) -> tuple[str, int]:

@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import logging
+import socket
 import subprocess
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import django_redis
 import pytest
 from django.test import override_settings
 from django_redis import get_redis_connection
 from redis import Redis
 
+from order_timeout.checks import (
+    DJANGO_REDIS_USERNAME,
+    check_client_libraries,
+    check_redis_permissions,
+    check_redis_server,
+    cluster_library_messages,
+    username_messages,
+)
 from order_timeout.consumer import Consumer
 from order_timeout.health import measure
 
@@ -25,10 +36,15 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # (scripts run their commands as the user, so those count too). docs/operations.md shows it.
 ACL_RULES = (
     "on >s3cret ~{order_timeout* &{order_timeout* resetchannels &{order_timeout* "
-    "-@all +evalsha +eval +script|load +ping +info +zadd +zrem +zrange +zrangebyscore +zcard "
+    "-@all +select +evalsha +eval +script|load +ping +info +zadd +zrem +zrange +zrangebyscore +zcard "
     "+zcount +zscore +zmscore +zscan +hget +hmget +hset +hsetnx +hdel +hlen +hincrby +set +get "
     "+del +pexpire +publish +spublish +subscribe +ssubscribe +unsubscribe +sunsubscribe"
 )
+
+
+# What a shop's application user often is: everything but the dangerous commands
+# (INFO, CONFIG, KEYS, FLUSHALL, DEBUG...), on every key and channel.
+NOT_DANGEROUS = "on >s3cret ~* &* +@all -@dangerous"
 
 
 def use_alias(settings: Any, location: str, **options: Any) -> Any:
@@ -40,12 +56,16 @@ def use_alias(settings: Any, location: str, **options: Any) -> Any:
 
 
 def close_one_order_through_the_queue(make_order: Any) -> None:
-    """Schedule on commit, wake a sleeping consumer, claim, close, ack, report."""
-    worker = Consumer(max_wait=30)
+    """Schedule on commit, wake a sleeping consumer, claim, close, ack, report.
+
+    The consumer would sleep an hour (MAX_WAIT) without a wake-up: the order
+    closes within the wait only if the new deadline's message woke it.
+    """
+    worker = Consumer(max_wait=3600)
     with running(worker):
         wait_for(lambda: worker._listener is not None and worker._listener.subscribed, timeout=10)
         order = make_order(in_seconds=0.2)
-        wait_for(lambda: state(order) == "closed", timeout=15)
+        wait_for(lambda: state(order) == "closed", timeout=30)
     health = measure()
     assert (health.pending, health.leased, health.drift) == (0, 0, 0)
 
@@ -67,14 +87,34 @@ def test_a_password_protected_redis(server, settings, make_order):
         close_one_order_through_the_queue(make_order)
 
 
-def test_a_least_privilege_acl_user(server, settings, make_order, queue):
+def redis_with_user(server: list[PrivateRedis], rules: str) -> PrivateRedis:
+    """A private redis-server with the ACL user "order_timeout" (password s3cret) made of ``rules``."""
     redis = PrivateRedis()
     server.append(redis)
     redis.start()
-    Redis(port=redis.port).execute_command("ACL", "SETUSER", "order_timeout", *ACL_RULES.split())
+    Redis(port=redis.port).execute_command("ACL", "SETUSER", "order_timeout", *rules.split())
+    return redis
 
-    with use_alias(settings, f"redis://127.0.0.1:{redis.port}/0", USERNAME="order_timeout",
-                   PASSWORD="s3cret"):
+
+def as_user(settings: Any, redis: PrivateRedis, db: int = 0, *, in_options: bool = False) -> Any:
+    """The alias logs in as "order_timeout": in LOCATION (any django-redis), or in OPTIONS (7.0 and later)."""
+    if in_options:
+        return use_alias(settings, f"redis://127.0.0.1:{redis.port}/{db}", USERNAME="order_timeout",
+                         PASSWORD="s3cret")
+    return use_alias(settings, f"redis://order_timeout:s3cret@127.0.0.1:{redis.port}/{db}")
+
+
+@pytest.mark.parametrize("in_options", [
+    False,
+    pytest.param(True, marks=pytest.mark.skipif(
+        django_redis.VERSION[:2] < DJANGO_REDIS_USERNAME,
+        reason="this django-redis ignores OPTIONS['USERNAME'] (check order_timeout.E010 says so)")),
+], ids=["user-in-location", "user-in-options"])
+def test_a_least_privilege_acl_user(server, settings, make_order, queue, in_options):
+    redis = redis_with_user(server, ACL_RULES)
+
+    # A database of its own, as the README's LOCATION.
+    with as_user(settings, redis, db=1, in_options=in_options):
         close_one_order_through_the_queue(make_order)
         client = get_redis_connection("deployment")
         # And nothing else: another key, or a command the app does not use, is refused.
@@ -82,6 +122,102 @@ def test_a_least_privilege_acl_user(server, settings, make_order, queue):
             client.set("someone-else", 1)
         with pytest.raises(Exception, match="NOPERM|no permissions"):
             client.flushdb()
+
+
+def test_a_user_without_the_dangerous_commands_is_woken_for_a_new_early_deadline(server, settings, make_order):
+    """INFO is refused to such a user; the wake-up thread must not need it."""
+    redis = redis_with_user(server, NOT_DANGEROUS)
+
+    with as_user(settings, redis):
+        close_one_order_through_the_queue(make_order)
+
+
+def test_a_user_refused_the_wake_up_subscription_gives_it_up_once_and_the_consumer_still_polls(
+        server, settings, make_order, caplog):
+    redis = redis_with_user(server, NOT_DANGEROUS + " -ssubscribe -subscribe")
+
+    with as_user(settings, redis), caplog.at_level(logging.INFO, logger="order_timeout"):
+        worker = Consumer(max_wait=0.2)
+        with running(worker):
+            wait_for(lambda: worker._listener is not None and not worker._listener.thread.is_alive(),
+                     timeout=10)
+            order = make_order(in_seconds=0.2)
+            wait_for(lambda: state(order) == "closed", timeout=15)
+
+    about_wake_ups = [record for record in caplog.records if "wake-up" in record.getMessage()]
+    assert [record.levelname for record in about_wake_ups] == ["ERROR"], about_wake_ups
+    assert "ssubscribe" in about_wake_ups[0].getMessage()
+
+
+def test_deploy_check_names_the_commands_the_user_lacks(server, settings):
+    redis = redis_with_user(server, ACL_RULES.replace(" +zmscore", "").replace(" +ssubscribe", ""))
+
+    with as_user(settings, redis):
+        messages = check_redis_permissions()
+
+    assert [message.id for message in messages] == ["order_timeout.W009"]
+    assert "may not run SSUBSCRIBE, ZMSCORE " in messages[0].msg
+    assert "+ssubscribe +zmscore" in messages[0].hint
+
+
+def test_deploy_check_says_a_location_with_a_database_number_needs_select(server, settings):
+    redis = redis_with_user(server, ACL_RULES.replace(" +select", ""))
+
+    with as_user(settings, redis, db=1):
+        messages = check_redis_permissions()
+
+    assert [message.id for message in messages] == ["order_timeout.W009"]
+    assert messages[0].msg.startswith("The queue's Redis user may not run SELECT ")
+
+
+def test_deploy_checks_find_nothing_missing_for_the_least_privilege_rule(server, settings):
+    redis = redis_with_user(server, ACL_RULES)
+
+    with as_user(settings, redis, db=1):
+        permissions, server_checks = check_redis_permissions(), check_redis_server()
+
+    assert permissions == []
+    # CONFIG is not in the rule (CONFIG GET would show secrets): the RDB saves go unchecked, and it says so.
+    assert [message.id for message in server_checks] == ["order_timeout.W008"]
+    assert "CONFIG" in server_checks[0].msg and "persist" in server_checks[0].msg
+
+
+def test_deploy_checks_run_for_a_user_without_the_dangerous_commands(server, settings):
+    redis = redis_with_user(server, NOT_DANGEROUS)
+
+    with as_user(settings, redis):
+        permissions, server_checks = check_redis_permissions(), check_redis_server()
+
+    assert permissions == []
+    # The version is still checked (through a script); eviction and persistence need INFO.
+    assert [message.id for message in server_checks] == ["order_timeout.W008"]
+    assert "INFO" in server_checks[0].msg and "evict" in server_checks[0].msg
+
+
+CLUSTER_FACTORY = {"CONNECTION_FACTORY": "order_timeout.redis_cluster.ClusterConnectionFactory"}
+
+
+@pytest.mark.parametrize("redis_py, too_old", [("5.0.0", True), ("8.0.1", True), ("8.1.0", False),
+                                               ("9.0.0b1", False)])
+def test_a_cluster_alias_needs_redis_py_8_1_and_a_standalone_one_does_not(redis_py, too_old):
+    assert [m.id for m in cluster_library_messages(CLUSTER_FACTORY, redis_py)] == (
+        ["order_timeout.E009"] if too_old else [])
+    assert cluster_library_messages({}, redis_py) == []
+
+
+@pytest.mark.parametrize("django_redis_version, ignored", [((5, 4, 0), True), ((6, 0, 0), True),
+                                                           ((7, 0, 0), False)])
+def test_a_username_in_options_needs_a_django_redis_that_sends_it(django_redis_version, ignored):
+    options = {"USERNAME": "order_timeout", "PASSWORD": "s3cret"}
+
+    assert [m.id for m in username_messages(options, django_redis_version)] == (
+        ["order_timeout.E010"] if ignored else [])
+    assert username_messages({**options, **CLUSTER_FACTORY}, django_redis_version) == []  # reads it itself
+    assert username_messages({"PASSWORD": "s3cret"}, django_redis_version) == []
+
+
+def test_the_installed_client_libraries_fit_the_test_projects_aliases():
+    assert check_client_libraries() == []
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +250,48 @@ def test_tls(server, settings, make_order, certificates):
     with use_alias(settings, f"rediss://127.0.0.1:{port}/0",
                    CONNECTION_POOL_KWARGS={"ssl_ca_certs": str(certificates / "ca.crt")}):
         close_one_order_through_the_queue(make_order)
+
+
+def cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is a port too, and free."""
+    while True:
+        port = free_port()
+        if port + 10000 <= 65535:
+            try:
+                with socket.socket() as bus:
+                    bus.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+            return port
+
+
+@pytest.mark.slow
+def test_a_redis_cluster_over_tls_with_a_private_ca(server, settings, make_order, certificates):
+    """CONNECTION_POOL_KWARGS (the CA) reach every node's connections, the wake-ups' included."""
+    tls = ["--tls-cert-file", str(certificates / "server.crt"), "--tls-key-file",
+           str(certificates / "server.key"), "--tls-ca-cert-file", str(certificates / "ca.crt"),
+           "--tls-auth-clients", "no", "--tls-cluster", "yes", "--tls-replication", "yes"]
+    nodes = []
+    for _ in range(3):
+        port = cluster_port()
+        nodes.append(PrivateRedis("--tls-port", str(port), "--cluster-enabled", "yes",
+                                  "--cluster-node-timeout", "2000", *tls, port=port))
+    server.extend(nodes)
+    for node in nodes:
+        node.start()
+    subprocess.run(["redis-cli", "--tls", "--cacert", str(certificates / "ca.crt"), "--cluster", "create",
+                    *(f"127.0.0.1:{node.port}" for node in nodes), "--cluster-yes"],
+                   check=True, capture_output=True, timeout=60)
+    admins = [Redis(host="127.0.0.1", port=node.port, ssl=True, ssl_ca_certs=str(certificates / "ca.crt"))
+              for node in nodes]
+    wait_for(lambda: all(b"cluster_state:ok" in admin.execute_command("CLUSTER", "INFO") for admin in admins),
+             timeout=30)
+
+    with use_alias(settings, ",".join(f"rediss://127.0.0.1:{node.port}" for node in nodes),
+                   CONNECTION_FACTORY="order_timeout.redis_cluster.ClusterConnectionFactory",
+                   CONNECTION_POOL_KWARGS={"ssl_ca_certs": str(certificates / "ca.crt")}):
+        with override_settings(ORDER_TIMEOUT={**settings.ORDER_TIMEOUT, "SHARDS": 6}):
+            close_one_order_through_the_queue(make_order)
 
 
 @pytest.mark.slow

@@ -204,7 +204,7 @@ def test_a_cache_entry_that_is_not_a_dict_is_reported_not_a_crash(settings):
 
     messages = [*check_redis_alias(), *check_dedicated_alias()]
 
-    assert [m.id for m in messages] == ["order_timeout.E010"]
+    assert [m.id for m in messages] == ["order_timeout.E012"]
     assert "CACHES['default']" in messages[0].msg and "set" in messages[0].msg
 
 
@@ -213,7 +213,7 @@ def test_a_queue_cache_entry_that_is_not_a_dict_is_reported_not_a_crash(settings
 
     messages = [*check_redis_alias(), *check_dedicated_alias()]
 
-    assert [m.id for m in messages] == ["order_timeout.E010"]
+    assert [m.id for m in messages] == ["order_timeout.E012"]
     assert "CACHES['order_timeout']" in messages[0].msg
 
 
