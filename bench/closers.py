@@ -25,7 +25,7 @@ def close_one(pk: int) -> datetime | None:
     with transaction.atomic():
         order = Order.objects.select_for_update().filter(pk=pk).first()
         now = timezone.now()
-        if order is None or order.status != Status.UNPAID:
+        if order is None or order.status != Status.UNPAID or order.expires_at is None:
             return None
         if order.expires_at > now:
             return order.expires_at

@@ -185,12 +185,13 @@ class SeedZset(System):
         client = get_redis_connection("order_timeout")
         for start in range(0, len(orders), CHUNK):
             client.zadd(SEED_KEY, {str(o.pk): deadline_score(o.expires_at)
-                                   for o in orders[start:start + CHUNK]})
+                                   for o in orders[start:start + CHUNK] if o.expires_at is not None})
 
     def enqueue_on_commit(self, order: Order) -> None:
         client = get_redis_connection("order_timeout")
-        transaction.on_commit(
-            lambda: client.zadd(SEED_KEY, {str(order.pk): deadline_score(order.expires_at)}))
+        deadline = order.expires_at
+        assert deadline is not None  # the harness gives every order one
+        transaction.on_commit(lambda: client.zadd(SEED_KEY, {str(order.pk): deadline_score(deadline)}))
 
     def forget_far_future(self) -> None:
         get_redis_connection("order_timeout").delete(SEED_KEY)

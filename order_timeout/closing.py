@@ -9,30 +9,23 @@ close it: a caller whose own clock runs fast can be late, never early.
 from __future__ import annotations
 
 import logging
-import random
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import Error as DatabaseError, OperationalError, connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.transaction import TransactionManagementError
 
+from .conf import settings
 from .dberrors import is_lock_conflict
-from .dbsession import DatabaseNow
 from .exceptions import ImmediateShutdown
-from .models import TimeoutOrderMixin
+from .models import HOLD_EXPIRED_REASON, TIMEOUT_REASON, TimeoutOrderMixin
+from .rowlock import StillConflicting, Stopped, lock_orders, retrying_lock_conflicts
 from .signals import order_expired, orders_expired
 
 logger = logging.getLogger("order_timeout")
-
-# A lock conflict is tried again at once this many times in all, pausing a
-# random 5-50 ms (times the attempt) in between so two colliding transactions
-# do not collide again in step.
-LOCK_CONFLICT_ATTEMPTS = 5
-LOCK_CONFLICT_PAUSE = (0.005, 0.05)
 
 
 @dataclass
@@ -54,6 +47,9 @@ class CloseOutcome:
     failed: dict[Any, BaseException] = field(default_factory=dict)
     # Not looked at: the caller asked to stop (its batch ran out of time).
     abandoned: list[Any] = field(default_factory=list)
+    # Due and unpaid, but HOLD_CONDITION holds (a payment in flight), within MAX_HOLD:
+    # pk -> the row's deadline. Left open, to be looked at again.
+    held: dict[Any, datetime] = field(default_factory=dict)
     # The database's clock when it locked the rows (None if no row was locked).
     db_now: datetime | None = None
     # The deadlines of the orders closed (for their lateness).
@@ -67,6 +63,7 @@ class CloseOutcome:
         self.not_due.update(other.not_due)
         self.failed.update(other.failed)
         self.abandoned += other.abandoned
+        self.held.update(other.held)
         self.db_now = other.db_now or self.db_now
         self.deadlines.update(other.deadlines)
 
@@ -99,21 +96,21 @@ def close_expired(
     def attempt(pks: Sequence[Any]) -> CloseOutcome:
         """The fast path; if a receiver refused, the whole batch again, each order in a savepoint."""
         try:
-            return _retrying_lock_conflicts(
-                connection, lambda: _close_batch(model, pks, using, progress=progress), stopping)
+            return retrying_lock_conflicts(
+                using, lambda: _close_batch(model, pks, using, progress=progress), stopping)
         except _CloseCarefully as refusal:
             if stopping():
-                raise _Stopped from refusal
+                raise Stopped from refusal
             refused = refusal.refused
-        return _retrying_lock_conflicts(
-            connection, lambda: _close_batch(model, pks, using, refused=refused, progress=progress),
+        return retrying_lock_conflicts(
+            using, lambda: _close_batch(model, pks, using, refused=refused, progress=progress),
             stopping)
 
     try:
         return attempt(pks)
-    except _StillConflicting:
+    except StillConflicting:
         return CloseOutcome(busy=list(pks))
-    except _Stopped:
+    except Stopped:
         return CloseOutcome(abandoned=list(pks))
     except Exception as exc:
         batch_error = exc
@@ -137,9 +134,9 @@ def close_expired(
             break
         try:
             outcome.merge(attempt([pk]))
-        except _StillConflicting:
+        except StillConflicting:
             outcome.busy.append(pk)
-        except _Stopped:
+        except Stopped:
             outcome.abandoned += pks[index:]
             break
         except Exception as exc:
@@ -149,38 +146,12 @@ def close_expired(
     return outcome
 
 
-class _StillConflicting(Exception):
-    """Every immediate retry met a lock conflict too."""
-
-
-class _Stopped(Exception):
-    """The caller asked to stop before a retry."""
-
-
 class _CloseCarefully(Exception):
     """A receiver refused in the fast path: the batch is rolled back, to be closed with savepoints."""
 
     def __init__(self, refused: dict[Any, BaseException]) -> None:
         super().__init__(refused)
         self.refused = refused
-
-
-def _retrying_lock_conflicts(connection: BaseDatabaseWrapper, close: Callable[[], CloseOutcome],
-                             stopping: Callable[[], bool]) -> CloseOutcome:
-    """Run ``close``; on a lock conflict roll back, wait a few random ms, and run it again."""
-    for attempt in range(1, LOCK_CONFLICT_ATTEMPTS + 1):
-        try:
-            return close()
-        except Exception as exc:
-            if not is_lock_conflict(exc) or connection.in_atomic_block:
-                raise
-            logger.info("Lock conflict while closing (%s); trying again at once (%d/%d).",
-                        exc, attempt, LOCK_CONFLICT_ATTEMPTS)
-            if stopping():
-                raise _Stopped from exc
-            if attempt < LOCK_CONFLICT_ATTEMPTS:
-                time.sleep(random.uniform(*LOCK_CONFLICT_PAUSE) * attempt)
-    raise _StillConflicting
 
 
 def _unreachable(error: Exception) -> DatabaseError:
@@ -227,32 +198,13 @@ def _close_batch(model: type[TimeoutOrderMixin], pks: Sequence[Any], using: str,
         return outcome
     # The base manager: a shop's default manager may hide rows (soft delete, tenants).
     manager = model._base_manager.db_manager(using)
-    skip_locked = connections[using].features.has_select_for_update_skip_locked
     with transaction.atomic(using=using):
-        locked = (manager.select_for_update(skip_locked=skip_locked).filter(pk__in=pks)
-                  .annotate(_timeout_db_now=DatabaseNow()))
-        rows = {order.pk: order for order in locked}
-        now = outcome.db_now = next((order._timeout_db_now for order in rows.values()), None)
-        absent = [pk for pk in pks if pk not in rows]
-        busy = set(manager.filter(pk__in=absent).values_list("pk", flat=True)) if absent else set()
-        due: list[TimeoutOrderMixin] = []
-        due_deadlines: list[tuple[TimeoutOrderMixin, datetime]] = []
-        for pk in pks:
-            order = rows.get(pk)
-            if pk in busy:
-                outcome.busy.append(pk)
-            elif order is None:
-                outcome.missing.append(pk)
-            elif not order.awaits_payment or order.expires_at is None:
-                # Settled, or its deadline was taken away: nothing to close.
-                outcome.settled.append(pk)
-            elif now is None or order.expires_at > now:
-                outcome.not_due[pk] = order.expires_at
-            else:
-                due.append(order)
-                due_deadlines.append((order, order.expires_at))
+        due = _due_and_unpaid(manager, pks, outcome)
+        # Due orders have a deadline (it passed): the lateness of their closes counts from it.
+        due_deadlines = [(order, order.expires_at) for order in due if order.expires_at is not None]
         if not due:
             return outcome
+        now = outcome.db_now
         assert now is not None  # a row was locked, so the database's clock was read
         if refused is None:
             try:
@@ -289,6 +241,35 @@ def _close_batch(model: type[TimeoutOrderMixin], pks: Sequence[Any], using: str,
         outcome.deadlines.update((order.pk, deadline) for order, deadline in due_deadlines
                                  if order.pk in closed)
     return outcome
+
+
+def _due_and_unpaid(manager: Any, pks: Sequence[Any], outcome: CloseOutcome) -> list[TimeoutOrderMixin]:
+    """Lock the rows and sort them: the orders to close now, and what became of the others.
+
+    A held order (``HOLD_CONDITION``) is left open until ``MAX_HOLD`` past its
+    deadline; after that it is closed all the same, with ``HOLD_EXPIRED_REASON``.
+    """
+    locked = lock_orders(manager, pks)
+    now = outcome.db_now = locked.db_now
+    max_hold = None if settings.MAX_HOLD is None else timedelta(seconds=settings.MAX_HOLD)
+    due: list[TimeoutOrderMixin] = []
+    for pk in pks:
+        order = locked.rows.get(pk)
+        if pk in locked.busy:
+            outcome.busy.append(pk)
+        elif order is None:
+            outcome.missing.append(pk)
+        elif not order.awaits_payment or order.expires_at is None:
+            # Settled, or its deadline was taken away: nothing to close.
+            outcome.settled.append(pk)
+        elif now is None or order.expires_at > now:
+            outcome.not_due[pk] = order.expires_at
+        elif pk in locked.held and (max_hold is None or now < order.expires_at + max_hold):
+            outcome.held[pk] = order.expires_at
+        else:
+            order._timeout_close_reason = HOLD_EXPIRED_REASON if pk in locked.held else TIMEOUT_REASON
+            due.append(order)
+    return due
 
 
 class _ReceiverFailed(Exception):
@@ -339,12 +320,17 @@ def _close(manager: Any, orders: list[TimeoutOrderMixin], now: datetime,
     shutdown goes through.
     """
     model = type(orders[0])
-    values = model.closing_values(now)
+    by_reason: dict[str, list[TimeoutOrderMixin]] = {}
+    for order in orders:
+        by_reason.setdefault(getattr(order, "_timeout_close_reason", TIMEOUT_REASON), []).append(order)
+    values = {reason: model.closing_values(now, reason) for reason in by_reason}
     # Locked and judged due by the database's clock: neither status nor deadline can move now.
-    manager.filter(model.unpaid_q(), pk__in=[order.pk for order in orders]).update(**values)
+    # One UPDATE per reason: a timeout, or a hold that ran past MAX_HOLD.
+    for reason, group in by_reason.items():
+        manager.filter(model.unpaid_q(), pk__in=[order.pk for order in group]).update(**values[reason])
     for order in orders:
         previous = order.timeout_status
-        order._apply_close(values)
+        order._apply_close(values[getattr(order, "_timeout_close_reason", TIMEOUT_REASON)])
         try:
             order_expired.send(sender=model, order=order, previous_status=previous)
             if transaction.get_rollback(using=manager.db):

@@ -54,3 +54,17 @@ def parse_member(model: type[models.Model], member: str) -> Any:
     if pk is None or pk == "" or str(pk) != member:
         raise ValueError(f"malformed member {member!r}")
     return pk
+
+
+def reminder_member(model: type[models.Model], pk: Any, lead_ms: int) -> str:
+    """The Redis member of one reminder of an order: its member, ``:``, the milliseconds before
+    the deadline it is due (one member per reminder, so each has its own lease and retries)."""
+    return f"{order_member(model, pk)}:{lead_ms}"
+
+
+def parse_reminder(model: type[models.Model], member: str) -> tuple[Any, int]:
+    """``(pk, lead_ms)`` of a reminder member; ``ValueError`` when it names none."""
+    order, _, lead = member.rpartition(":")
+    if not order or not lead.isdigit():
+        raise ValueError(f"malformed reminder member {member!r}")
+    return parse_member(model, order), int(lead)

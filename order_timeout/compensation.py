@@ -25,12 +25,13 @@ from django.utils import timezone
 
 from . import deadletters, get_order_model
 from .closing import close_expired
-from .codec import deadline_score, now_score, order_member
+from .codec import deadline_score, now_score, order_member, reminder_member
 from .conf import settings
 from .dbsession import limited_session
 from .exceptions import QueueUnavailable, RepeatedTakeover
+from .keys import REMIND
 from .keyset import rows_by_deadline
-from .models import DeadLetter, TimeoutOrderMixin
+from .models import DeadLetter, Reminder, TimeoutOrderMixin
 from .queue import TimeoutQueue
 from .stuck import Watchdog, exit_stuck, stuck_after, watchdog
 
@@ -55,9 +56,14 @@ class ScanResult:
     closed: int = 0
     skipped_paid: int = 0
     not_due: int = 0
+    # Overdue, but a payment in flight holds them (HOLD_CONDITION): left open, and back on
+    # the queue for the consumers to look at again.
+    held: int = 0
     failed: int = 0
     # Rebuild: members put back into Redis (or, with dry_run, that would be).
     restored: int = 0
+    # The same for reminders (ORDER_TIMEOUT["REMINDERS"]) not sent yet.
+    reminders_restored: int = 0
     # Overdue, but Redis shows a consumer on them (a retry in backoff, a lease): left alone.
     left_to_consumers: int = 0
     # Overdue, but open dead letters: staff decide.
@@ -229,6 +235,8 @@ class CompensationScan:
             self.result.closed += len(outcome.closed)
             self.result.skipped_paid += len(outcome.settled)
             self.result.not_due += len(outcome.not_due)
+            self.result.held += len(outcome.held)
+            self._keep_looking(outcome.held)
             self.result.failed += len(outcome.failed)
             for pk, error in outcome.failed.items():
                 logger.warning("compensation scan could not close order=%s error=%s: %s",
@@ -317,6 +325,16 @@ class CompensationScan:
         self.result.dead_lettered += len(burial.buried)
         self.result.skipped_paid += len(burial.settled)
 
+    def _keep_looking(self, held: dict[Any, datetime]) -> None:
+        """Put held orders Redis lost back in, due now: the consumers hold them or close them."""
+        if not held or not self.result.locked:
+            return
+        try:
+            self.queue.schedule({order_member(self.model, pk): now_score(self.now) for pk in held},
+                                only_missing=True)
+        except QueueUnavailable as error:
+            logger.warning("compensation scan could not put held orders back in Redis (%s)", error)
+
     def _forget(self, pks: list[Any]) -> None:
         """Members of orders settled here need not wait for the consumer to drop them."""
         if not pks or not self.result.locked:
@@ -329,18 +347,42 @@ class CompensationScan:
     def _rebuild(self, token: str) -> None:
         # Future deadlines only: overdue orders are the close scan's (and a
         # dead-lettered one must not be retried behind the staff's back).
+        leads = settings.reminders()
         upcoming = self._orders().filter(self.model.unpaid_q(), expires_at__gt=self.now)
         if self.rebuild_until is not None:
-            upcoming = upcoming.filter(expires_at__lte=self.rebuild_until)
+            # Reminders fall due before their deadlines: look that much further ahead for them.
+            reach = timedelta(milliseconds=max(leads, default=0))
+            upcoming = upcoming.filter(expires_at__lte=self.rebuild_until + reach)
         for rows in self._walk(upcoming, token, needs_redis=True):
-            deadlines = {order_member(self.model, pk): deadline_score(expires_at) for pk, expires_at in rows}
-            missing = self.queue.missing(deadlines)
-            if self.result.dry_run:
-                self.result.restored += len(missing)
-            else:
-                # NX: a member that came back since missing() keeps its score.
-                self.result.restored += self.queue.schedule(
-                    {m: deadlines[m] for m in missing}, only_missing=True)
+            closes = [(pk, expires_at) for pk, expires_at in rows
+                      if self.rebuild_until is None or expires_at <= self.rebuild_until]
+            self.result.restored += self._restore(self.queue, {
+                order_member(self.model, pk): deadline_score(expires_at) for pk, expires_at in closes})
+            if leads:
+                self.result.reminders_restored += self._restore(
+                    self.queue.of_kind(REMIND), self._reminders_to_send(rows, leads))
+
+    def _restore(self, queue: TimeoutQueue, scores: dict[str, int]) -> int:
+        """Put back the members Redis lost; how many (with dry_run: would)."""
+        missing = queue.missing(scores)
+        if self.result.dry_run:
+            return len(missing)
+        # NX: a member that came back since missing() keeps its score.
+        return queue.schedule({member: scores[member] for member in missing}, only_missing=True)
+
+    def _reminders_to_send(self, rows: list[tuple[Any, datetime]], leads: list[int]) -> dict[str, int]:
+        """The reminder members of these orders, not sent (nor passed over) for their deadline yet.
+
+        Due at their moment, which may be past already: then at once (the
+        deadline is still ahead, or the order would not be here; the consumer
+        looks again, and never sends one after its deadline).
+        """
+        done = set(Reminder.objects.filter(
+            order_model=self.model._meta.label, order_id__in=[str(pk) for pk, _ in rows],
+        ).values_list("order_id", "lead_ms", "deadline"))
+        return {reminder_member(self.model, pk, lead): deadline_score(expires_at) - lead
+                for pk, expires_at in rows for lead in leads
+                if (str(pk), lead, expires_at) not in done}
 
 
 def compensate(**options: Any) -> ScanResult:

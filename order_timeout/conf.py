@@ -15,6 +15,8 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
+from django.db.models import Q
+from django.utils.module_loading import import_string
 
 SETTING_NAME = "ORDER_TIMEOUT"
 
@@ -74,6 +76,25 @@ DEFAULTS: dict[str, Any] = {
     # error, for anyone who may view dead letters to read. False: only the
     # "Type: message" line (the consumer's log keeps the traceback).
     "DEAD_LETTER_TRACEBACKS": False,
+    # A payment in flight holds its order past the deadline: a Q over the order
+    # model (Q(payments__state="pending")), or the dotted path of a callable
+    # returning one. Evaluated in the closing transaction's locking SELECT; an
+    # order that matches it at its deadline is held, not closed. None: no holds.
+    "HOLD_CONDITION": None,
+    # Seconds between two looks at a held order (closed at the first look after
+    # its hold ended while it is still unpaid).
+    "HOLD_RECHECK": 30,
+    # Seconds past its deadline an order may be held; past them it is closed
+    # anyway, with close_reason "hold_expired". None: no limit.
+    "MAX_HOLD": 86400,
+    # The dotted path of a callable (order) -> datetime | None giving an unpaid
+    # order saved without a deadline its deadline (by payment method, by
+    # channel); None from it: this order never expires. None here: now +
+    # DEFAULT_TIMEOUT for every order.
+    "DEADLINE_POLICY": None,
+    # Seconds before the deadline at which deadline_approaching is sent, once
+    # per reminder of each unpaid order, e.g. [900, 60]. Empty: no reminders.
+    "REMINDERS": [],
 }
 
 MAX_BATCH_SIZE = 10_000
@@ -168,6 +189,47 @@ def _bool(key: str, value: Any) -> None:
         raise _setting_error(key, f"must be True or False, got {value!r}.")
 
 
+def _optional_non_negative_number(key: str, value: Any) -> None:
+    if value is not None:
+        _non_negative_number(key, value)
+
+
+def _import(key: str, value: Any) -> Callable[..., Any]:
+    """The callable a dotted path names, imported now so a typo fails at start-up."""
+    try:
+        imported = import_string(value)
+    except ImportError as exc:
+        raise _setting_error(key, f"names {value!r}, which cannot be imported: {exc}") from exc
+    if not callable(imported):
+        raise _setting_error(key, f"names {value!r}, which is not callable.")
+    return imported
+
+
+def _callable_path(key: str, value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str) or "." not in value:
+        raise _setting_error(key, f"must be None or the dotted path of a callable, got {value!r}.")
+    _import(key, value)
+
+
+def _hold_condition(key: str, value: Any) -> None:
+    if value is None or isinstance(value, Q):
+        return
+    if not isinstance(value, str) or "." not in value:
+        raise _setting_error(key, f"must be None, a Q object over the order model or the dotted "
+                                  f"path of a callable returning one, got {value!r}.")
+    _import(key, value)
+
+
+def _reminders(key: str, value: Any) -> None:
+    if not isinstance(value, (list, tuple)) or not all(
+        _is_number(seconds) and seconds > 0 for seconds in value
+    ) or len(set(value)) != len(value):
+        raise _setting_error(key, "must be a list of distinct positive numbers of seconds before "
+                                  f"the deadline, e.g. [900, 60], got {value!r}.")
+
+
 VALIDATORS: dict[str, Callable[[str, Any], None]] = {
     "REDIS_ALIAS": _non_empty_str,
     "KEY_PREFIX": _key_prefix,
@@ -187,6 +249,11 @@ VALIDATORS: dict[str, Callable[[str, Any], None]] = {
     "COMPENSATION_LOCK_SECONDS": _positive_number,
     "METRICS_TOKEN": _token,
     "DEAD_LETTER_TRACEBACKS": _bool,
+    "HOLD_CONDITION": _hold_condition,
+    "HOLD_RECHECK": _positive_number,
+    "MAX_HOLD": _optional_non_negative_number,
+    "DEADLINE_POLICY": _callable_path,
+    "REMINDERS": _reminders,
 }
 
 
@@ -225,6 +292,27 @@ class OrderTimeoutSettings:
         for key, validate in VALIDATORS.items():
             validate(key, values[key])
         return values
+
+
+    def hold_condition(self) -> Q | None:
+        """The hold condition as a Q (a dotted path's callable is called now), or None."""
+        value = self.HOLD_CONDITION
+        if value is None or isinstance(value, Q):
+            return value
+        condition = _import("HOLD_CONDITION", value)()
+        if not isinstance(condition, Q):
+            raise _setting_error("HOLD_CONDITION", f"names {value!r}, which returned "
+                                                   f"{type(condition).__name__}, not a Q object.")
+        return condition
+
+    def deadline_policy(self) -> Callable[[Any], Any] | None:
+        """The deadline policy's callable, or None."""
+        value = self.DEADLINE_POLICY
+        return None if value is None else _import("DEADLINE_POLICY", value)
+
+    def reminders(self) -> list[int]:
+        """The reminders, in whole milliseconds before the deadline, earliest moment first."""
+        return sorted((round(1000 * seconds) for seconds in self.REMINDERS), reverse=True)
 
 
 settings = OrderTimeoutSettings()

@@ -17,7 +17,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -31,10 +31,12 @@ from .conf import MAX_BATCH_SIZE, settings
 from .dbsession import database_now, limit_session, session_id
 from .deadletters import Failure
 from .exceptions import QueueUnavailable, RepeatedTakeover
+from .keys import REMIND
 from .leaseguard import LeaseGuard, WatchedBatch
 from .metrics import ConsumerMetrics
 from .models import TimeoutOrderMixin
-from .queue import Claim, TimeoutQueue
+from .queue import BUSY, HELD, Claim, Lanes, TimeoutQueue
+from .reminders import ReminderProcessor, ReminderReport
 from .rota import ShardRota
 from .stuck import exit_stuck
 from .wakeups import WakeListener
@@ -63,19 +65,22 @@ class BatchReport:
     dead_lettered: int = 0
     dropped: int = 0
     abandoned: int = 0  # given up after LEASE_SECONDS, handed to the next claim
+    held: int = 0  # due, but a payment in flight holds them (HOLD_CONDITION)
 
 
 @dataclass
 class ConsumerStats(BatchReport):
-    """Totals since the consumer started, plus batches and errors survived."""
+    """Totals since the consumer started, plus batches and errors survived, and the reminders."""
 
     batches: int = 0
     errors: int = 0
+    reminders: ReminderReport = field(default_factory=ReminderReport)
 
-    def add(self, report: BatchReport) -> None:
+    def add(self, report: BatchReport | ReminderReport) -> None:
         self.batches += 1
-        for name in BatchReport.__dataclass_fields__:
-            setattr(self, name, getattr(self, name) + getattr(report, name))
+        totals: Any = self.reminders if isinstance(report, ReminderReport) else self
+        for name in type(report).__dataclass_fields__:
+            setattr(totals, name, getattr(totals, name) + getattr(report, name))
 
 
 class Consumer:
@@ -119,6 +124,7 @@ class Consumer:
         self.lease_ms = round(1000 * self.lease_seconds)
         self.retry_delays_ms = [round(1000 * delay) for delay in settings.RETRY_DELAYS]
         self.max_takeovers = settings.MAX_TAKEOVERS
+        self.hold_recheck_ms = round(1000 * settings.HOLD_RECHECK)
         self.now = now or timezone.now
         # Off only for tests that step time by hand through ``now``.
         self.follow_database_clock = follow_database_clock
@@ -133,7 +139,15 @@ class Consumer:
         # Set to end a sleep early: by a stop, or by a new earliest deadline.
         self._wake = threading.Event()
         self._listener: WakeListener | None = None
-        self.rota = ShardRota(len(self.queue.shards))
+        # The reminders' queue, when ORDER_TIMEOUT["REMINDERS"] asks for any: its shards are
+        # lanes after the closes', claimed in turn with them.
+        self.reminder_queue = self.queue.of_kind(REMIND) if settings.REMINDERS else None
+        self.lanes = Lanes([self.queue, *([self.reminder_queue] if self.reminder_queue else [])])
+        self.reminders = (ReminderProcessor(self.reminder_queue, self.model,
+                                            retry_delays_ms=self.retry_delays_ms,
+                                            max_takeovers=self.max_takeovers, metrics=self.metrics)
+                          if self.reminder_queue else None)
+        self.rota = ShardRota(len(self.lanes.shards))
         self._refreshed_at = time.monotonic()
         self._guard: LeaseGuard | None = None
         self._limited_connection: Any = None
@@ -180,18 +194,30 @@ class Consumer:
     # -- one batch ------------------------------------------------------
 
     def claim(self, now: datetime, due_by: datetime | None = None) -> Claim:
-        """Lease the next batch due by ``due_by`` (default ``now``), from the next shard due."""
+        """Lease the next batch due by ``due_by`` (default ``now``), from the next lane due."""
         due_ms = now_score(min(now, due_by) if due_by else now)
-        shard = self.rota.next_due(due_ms)
-        if shard is None:
+        lane = self.rota.next_due(due_ms)
+        if lane is None:
             return Claim(members=[], next_score=self.rota.earliest())
-        claim = self.queue.shards[shard].claim(due_ms, self.batch_size, now_score(now) + self.lease_ms,
-                                               next(self._claims), due_first=self._took_over)
+        claim = self.lanes.shards[lane].claim(due_ms, self.batch_size, now_score(now) + self.lease_ms,
+                                              next(self._claims), due_first=self._took_over)
         self._took_over = claim.takeovers > 0
-        self.rota.claimed(claim)
+        self.rota.claimed(lane, claim)
         return claim
 
-    def process(self, claim: Claim, now: datetime) -> BatchReport:
+    def queue_of(self, claim: Claim) -> TimeoutQueue:
+        """The queue a claim came from: the closes', or the reminders'."""
+        return self.reminder_queue if claim.kind == REMIND and self.reminder_queue else self.queue
+
+    def process(self, claim: Claim, now: datetime) -> BatchReport | ReminderReport:
+        """Act on what is due among the claimed members (a close, or a reminder); ack, reschedule
+        or retry each."""
+        if claim.kind == REMIND:
+            assert self.reminders is not None
+            return self.reminders.process(claim, now, self._watching, self._learn_clock, self.clock)
+        return self._close(claim, now)
+
+    def _close(self, claim: Claim, now: datetime) -> BatchReport:
         """Close what is due among the claimed members; ack, reschedule or retry each."""
         if claim.takeovers > self.max_takeovers:
             return self._bury_taken_over(claim, now)
@@ -221,7 +247,11 @@ class Consumer:
             by_pk[pk]: deadline_score(deadline) for pk, deadline in outcome.not_due.items()})
         # Locked by someone else: look again shortly, not counted as a failure.
         self.queue.reschedule(claim.token, {by_pk[pk]: now_score(now) + BUSY_RETRY_MS
-                                            for pk in outcome.busy}, busy_since_ms=now_score(now))
+                                            for pk in outcome.busy}, mark=BUSY, since_ms=now_score(now))
+        # A payment in flight: look again every HOLD_RECHECK, and no later than MAX_HOLD allows.
+        self.queue.reschedule(claim.token, {by_pk[pk]: self._recheck_ms(deadline, now)
+                                            for pk, deadline in outcome.held.items()},
+                              mark=HELD, since_ms=now_score(now))
         if outcome.abandoned:
             # Hand them to the next claim at once, each alone (the guard did, unless it was not there).
             self.queue.hand_over(claim.token, [by_pk[pk] for pk in outcome.abandoned],
@@ -229,7 +259,7 @@ class Consumer:
         dead = self._retry_or_bury(claim.token, outcome.failed, by_pk, now)
         self.metrics.batch(
             {"closed": len(outcome.closed), "settled": len(outcome.settled),
-             "rescheduled": len(outcome.not_due), "busy": len(outcome.busy),
+             "rescheduled": len(outcome.not_due), "busy": len(outcome.busy), "held": len(outcome.held),
              "failed": len(outcome.failed), "dead_lettered": dead,
              "dropped": len(malformed) + len(outcome.missing), "abandoned": len(outcome.abandoned)},
             (self.clock() - now).total_seconds(),
@@ -237,7 +267,8 @@ class Consumer:
         return BatchReport(
             claimed=len(claim.members), closed=len(outcome.closed),
             skipped_paid=len(outcome.settled),
-            rescheduled=len(outcome.not_due) + len(outcome.busy), failed=len(outcome.failed),
+            rescheduled=len(outcome.not_due) + len(outcome.busy), held=len(outcome.held),
+            failed=len(outcome.failed),
             dead_lettered=dead, dropped=len(malformed) + len(outcome.missing),
             abandoned=len(outcome.abandoned),
         )
@@ -255,14 +286,21 @@ class Consumer:
             return
         batch: WatchedBatch | None = None
         try:
-            with self._guard.watching(claim.token, claim.members, session_id(connection),
-                                      self.using) as batch:
+            with self._guard.watching(claim.token, claim.members, session_id(connection), self.using,
+                                      queue=self.queue_of(claim)) as batch:
                 yield batch
         finally:
             # The guard let go of it above: given_up is final. A session given up is being
             # ended: what follows (dead letters, the next batch) needs a new one.
             if batch is not None and batch.given_up.is_set():
                 connection.close()
+
+    def _recheck_ms(self, deadline: datetime, now: datetime) -> int:
+        """When to look at a held order again: HOLD_RECHECK from now, not past its MAX_HOLD."""
+        recheck = now_score(now) + self.hold_recheck_ms
+        if settings.MAX_HOLD is None:
+            return recheck
+        return min(recheck, deadline_score(deadline + timedelta(seconds=settings.MAX_HOLD)))
 
     def _bury_taken_over(self, claim: Claim, now: datetime) -> BatchReport:
         """A member whose consumers kept dying with it: a dead letter, not another try.
@@ -356,7 +394,10 @@ class Consumer:
                     self._release(claim, now)
                     raise
                 self.stats.add(report)
-                self._log_batch(report, started)
+                if isinstance(report, ReminderReport):
+                    report.log()
+                else:
+                    self._log_batch(report, started)
             return claim
         finally:
             close_old_connections()
@@ -364,7 +405,7 @@ class Consumer:
     def _release(self, claim: Claim, now: datetime) -> None:
         """The database failed us, not the orders: put them back, due, without counting a takeover."""
         try:
-            self.queue.reschedule(claim.token, {member: now_score(now) for member in claim.members})
+            self.queue_of(claim).reschedule(claim.token, {member: now_score(now) for member in claim.members})
         except QueueUnavailable:
             logger.warning("Could not put back %d claimed member(s); they are taken over when "
                            "their lease runs out.", len(claim.members))
@@ -444,7 +485,7 @@ class Consumer:
             return False
         self._refreshed_at = time.monotonic()
         try:
-            self.rota.refreshed(self.queue.next_scores())
+            self.rota.refreshed(self.lanes.next_scores())
         except QueueUnavailable:
             return False
         return self.rota.has_due(now_score(self.clock()))
@@ -456,7 +497,7 @@ class Consumer:
     def _sleep(self, seconds: float) -> None:
         """Sleep until ``seconds`` pass, a new earliest deadline is scheduled, or a stop."""
         if self._listener is None:
-            self._listener = WakeListener(self.queue, self._woken)
+            self._listener = WakeListener(self.lanes, self._woken)
         self._wake.wait(seconds)
         if not self.stopping:
             self._wake.clear()

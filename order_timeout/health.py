@@ -7,15 +7,17 @@ The status command, and anything else that reports on the queue, render a
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import router
+from django.db.models import Q
 from django.utils import timezone
 
 from . import get_order_model
 from .codec import now_score, order_member
 from .conf import settings
+from .keys import REMIND
 from .keyset import rows_by_deadline
 from .models import DeadLetter, TimeoutOrderMixin
 from .queue import TimeoutQueue
@@ -36,15 +38,23 @@ class Health:
     oldest_busy_age_seconds: float
     # Members taken over from a consumer that died, froze or overran its lease with them.
     taken_over: int
+    # Due members held by a payment in flight (HOLD_CONDITION), and how long the
+    # longest-held has been.
+    held: int
+    oldest_held_age_seconds: float
     # Open dead letters: orders waiting for staff.
     dead_letters: int
-    # Unpaid rows past their deadline, whatever Redis says.
+    # Unpaid rows past their deadline, whatever Redis says (less those the hold
+    # condition holds: they are not overdue, they wait for their payment).
     overdue_unpaid_in_database: int
     # Unpaid rows with no deadline: never scheduled, never scanned.
     unpaid_without_deadline: int
     # Unpaid rows with a deadline that Redis does not hold (and no open dead
     # letter): lost writes, or bulk changes nobody scheduled. None: not counted.
     drift: int | None
+    # Reminders (ORDER_TIMEOUT["REMINDERS"]) waiting for their moment, and past it not claimed yet.
+    reminders_pending: int = 0
+    reminders_due: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,11 +81,33 @@ def measure(now: datetime | None = None, *, model: type[TimeoutOrderMixin] | Non
         busy=stats.busy,
         oldest_busy_age_seconds=_age(now, stats.oldest_busy_ms),
         taken_over=stats.taken_over,
+        held=stats.held,
+        oldest_held_age_seconds=_age(now, stats.oldest_held_ms),
         dead_letters=DeadLetter.objects.filter(resolved_at__isnull=True).count(),
-        overdue_unpaid_in_database=rows.filter(expires_at__lte=now).count(),
+        overdue_unpaid_in_database=_overdue(rows, now).count(),
         unpaid_without_deadline=rows.filter(expires_at__isnull=True).count(),
         drift=count_drift(model, queue) if drift else None,
+        **_reminders(queue, now),
     )
+
+
+def _reminders(queue: TimeoutQueue, now: datetime) -> dict[str, int]:
+    if not settings.REMINDERS:
+        return {}
+    stats = queue.of_kind(REMIND).stats(now_score(now))
+    return {"reminders_pending": stats.pending, "reminders_due": stats.due}
+
+
+def _overdue(rows: Any, now: datetime) -> Any:
+    """Unpaid rows past their deadline that no payment in flight holds (within MAX_HOLD)."""
+    overdue = rows.filter(expires_at__lte=now)
+    hold = settings.hold_condition()
+    if hold is None:
+        return overdue
+    held = Q(hold) if settings.MAX_HOLD is None else \
+        Q(hold) & Q(expires_at__gt=now - timedelta(seconds=settings.MAX_HOLD))
+    # As a subquery on the primary key: a hold over a related table must not repeat rows.
+    return overdue.exclude(pk__in=rows.model._base_manager.filter(held).values("pk"))
 
 
 def _age(now: datetime, since_ms: int | None) -> float:

@@ -6,6 +6,10 @@ different slots (and masters): ``{prefix}`` for a queue of one shard (the
 layout of every release so far), ``{prefix:N}`` for shard N of several. The
 keys that belong to the queue as a whole (the scan's lock and bookkeeping)
 carry ``{prefix}``.
+
+There is a queue per kind of timer: the closes (``CLOSE``, the keys of every
+release so far) and the reminders (``REMIND``: the same names after
+``remind:``, under the same hash tags).
 """
 
 from __future__ import annotations
@@ -19,20 +23,26 @@ def shard_of(member: str, shards: int) -> int:
     return zlib.crc32(member.encode()) % shards if shards > 1 else 0
 
 
+# The kinds of timer: an order's close at its deadline, and its reminders before it.
+CLOSE = ""
+REMIND = "remind"
+
+
 @dataclass(frozen=True)
 class QueueKeys:
-    """The keys of one shard."""
+    """The keys of one shard of one kind of timer."""
 
     prefix: str
     shard: int = 0
     shards: int = 1
+    kind: str = CLOSE
 
     @property
     def tag(self) -> str:
         return f"{{{self.prefix}}}" if self.shards == 1 else f"{{{self.prefix}:{self.shard}}}"
 
     def _key(self, name: str) -> str:
-        return f"{self.tag}:{name}"
+        return f"{self.tag}:{self.kind}:{name}" if self.kind else f"{self.tag}:{name}"
 
     @property
     def pending(self) -> str:
@@ -70,6 +80,12 @@ class QueueKeys:
         return self._key("busy")
 
     @property
+    def held(self) -> str:
+        """Sorted set: member = order id held by a payment in flight (HOLD_CONDITION), score =
+        the first time it was found held (ms)."""
+        return self._key("held")
+
+    @property
     def wake(self) -> str:
         """(Sharded) pub/sub channel: a new earliest deadline (ms) of this shard, for consumers."""
         return self._key("wake")
@@ -82,7 +98,7 @@ class QueueKeys:
     def all(self) -> list[str]:
         """Every key of the shard that holds data (for resharding and tests)."""
         return [self.pending, self.leased, self.owners, self.attempts, self.first_failure,
-                self.takeovers, self.busy]
+                self.takeovers, self.busy, self.held]
 
 
 @dataclass(frozen=True)

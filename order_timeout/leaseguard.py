@@ -49,6 +49,8 @@ class WatchedBatch:
     # time.monotonic() of the give-up; the batch still in hand a while later is stuck
     given_up_at: float = 0.0
     reported_stuck: bool = False
+    # The queue its members were claimed from (the closes', the reminders'); None: the guard's.
+    queue: TimeoutQueue | None = None
 
     def expired(self) -> bool:
         return self.given_up.is_set() or time.monotonic() >= self.deadline
@@ -73,13 +75,14 @@ class LeaseGuard:
 
     @contextmanager
     def watching(self, token: str, members: list[str], session: Any,
-                 using: str) -> Iterator[WatchedBatch]:
+                 using: str, queue: TimeoutQueue | None = None) -> Iterator[WatchedBatch]:
         """Watch this batch for the block; once the block is left, ``given_up`` no longer changes.
 
         A batch given up must close its database connection once it leaves
         (the guard ends that session; nothing else may run on it).
         """
-        batch = WatchedBatch(token, members, time.monotonic() + self.lease_seconds, session, using)
+        batch = WatchedBatch(token, members, time.monotonic() + self.lease_seconds, session, using,
+                             queue=queue)
         with self._lock:
             self._batch = batch
             if self._thread is None:
@@ -141,7 +144,8 @@ class LeaseGuard:
     def _renew(self, batch: WatchedBatch) -> None:
         batch.renewed_at = time.monotonic()
         try:
-            self.queue.renew(batch.token, batch.members, self.clock_ms() + round(1000 * self.lease_seconds))
+            (batch.queue or self.queue).renew(batch.token, batch.members,
+                                              self.clock_ms() + round(1000 * self.lease_seconds))
         except QueueUnavailable as exc:
             logger.warning("Could not renew the leases of the batch in hand: %s", exc)
 
@@ -165,7 +169,7 @@ class LeaseGuard:
         if batch.session is not None:
             self.end_session(batch.using, batch.session)
         try:
-            self.queue.hand_over(batch.token, batch.members, self.clock_ms())
+            (batch.queue or self.queue).hand_over(batch.token, batch.members, self.clock_ms())
         except QueueUnavailable as exc:
             logger.warning("Could not hand over the leases of the batch given up: %s", exc)
 

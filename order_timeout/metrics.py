@@ -33,8 +33,11 @@ except ImportError:  # pragma: no cover - exercised without the extra
 AVAILABLE = Counter is not None
 
 # Outcomes of ``order_timeout_closes_total``: what became of each claimed order.
-OUTCOMES = ("closed", "settled", "rescheduled", "busy", "failed", "dead_lettered", "dropped",
+OUTCOMES = ("closed", "settled", "rescheduled", "busy", "held", "failed", "dead_lettered", "dropped",
             "abandoned")
+# Outcomes of ``order_timeout_reminders_total``.
+REMINDER_OUTCOMES = ("sent", "done", "held", "rescheduled", "busy", "failed", "given_up", "dropped",
+                     "abandoned")
 # Close lateness: from a few milliseconds (the normal path) to the scan's bounds.
 LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 150, 300,
                     600, 1800)
@@ -74,6 +77,14 @@ class ConsumerMetrics:
             self.closes.labels(outcome)
         for kind in ("redis", "database"):
             self.errors.labels(kind)
+        self.reminders_total = Counter("order_timeout_reminders", "Claimed reminders by what became of them.",
+                                       ["outcome"], registry=self.registry)
+        self.reminder_lateness = Histogram(
+            "order_timeout_reminder_lateness_seconds",
+            "Seconds from a reminder's moment (deadline minus its lead) to the commit that sent it.",
+            buckets=LATENESS_BUCKETS, registry=self.registry)
+        for outcome in REMINDER_OUTCOMES:
+            self.reminders_total.labels(outcome)
 
     def claimed(self, seconds: float, size: int) -> None:
         if self.enabled and size:
@@ -93,6 +104,15 @@ class ConsumerMetrics:
             self.retries.inc(counts["failed"] - counts.get("dead_lettered", 0))
         if counts.get("dead_lettered"):
             self.dead_letters.inc(counts["dead_lettered"])
+
+    def reminders(self, counts: dict[str, int], lateness: Iterable[float]) -> None:
+        if not self.enabled:
+            return
+        for outcome, count in counts.items():
+            if count:
+                self.reminders_total.labels(outcome).inc(count)
+        for late in lateness:
+            self.reminder_lateness.observe(max(late, 0.0))
 
     def error(self, kind: str) -> None:
         if self.enabled:
@@ -136,6 +156,7 @@ class BacklogCollector:
             "order_timeout_busy": ("Members whose row another transaction kept locked.", "busy"),
             "order_timeout_taken_over": ("Members taken over from a consumer that died with them.",
                                          "taken_over"),
+            "order_timeout_held": ("Due members held by a payment in flight (HOLD_CONDITION).", "held"),
         }
         for name, (text, field) in gauges.items():
             family = GaugeMetricFamily(name, text, labels=["shard"])
@@ -149,6 +170,9 @@ class BacklogCollector:
             "order_timeout_oldest_busy_age_seconds": (
                 "How long the member found locked elsewhere longest ago has been kept out by that lock.",
                 "oldest_busy_ms"),
+            "order_timeout_oldest_held_age_seconds": (
+                "How long the order held longest by a payment in flight has been held.",
+                "oldest_held_ms"),
         }
         for name, (text, field) in ages.items():
             family = GaugeMetricFamily(name, text, labels=["shard"])

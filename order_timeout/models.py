@@ -11,6 +11,7 @@ closed, the way ``AbstractBaseUser`` declares ``USERNAME_FIELD``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
@@ -25,7 +26,12 @@ from .conf import settings
 from .exceptions import OrderClosed, StaleOrderStatus
 from .signals import timeout_state_changed
 
+logger = logging.getLogger("order_timeout")
+
+# close_reason of an order closed by its deadline, and of one whose hold (a payment
+# in flight, HOLD_CONDITION) ran past MAX_HOLD.
 TIMEOUT_REASON = "timeout"
+HOLD_EXPIRED_REASON = "hold_expired"
 
 
 class Status(models.TextChoices):
@@ -37,6 +43,33 @@ class Status(models.TextChoices):
 def default_deadline() -> datetime:
     """Now plus ``ORDER_TIMEOUT['DEFAULT_TIMEOUT']`` seconds."""
     return timezone.now() + timedelta(seconds=settings.DEFAULT_TIMEOUT)
+
+
+def policy_deadline(order: TimeoutOrderMixin) -> datetime | None:
+    """The deadline ``DEADLINE_POLICY`` gives ``order`` now (None: it never expires).
+
+    Without a policy, now plus ``DEFAULT_TIMEOUT``. A policy that raises, or
+    answers something that is not an aware datetime or None, costs the order
+    nothing: it gets now plus ``DEFAULT_TIMEOUT``, and the reason is logged.
+    Checkout never fails because of the policy, and no order is left without
+    a deadline by accident.
+    """
+    policy = settings.deadline_policy()
+    if policy is None:
+        return default_deadline()
+    try:
+        deadline = policy(order)
+    except Exception:
+        logger.exception("DEADLINE_POLICY %s raised for %s %r; it gets the default deadline "
+                         "(DEFAULT_TIMEOUT) instead.", settings.DEADLINE_POLICY, type(order).__name__,
+                         order.pk)
+        return default_deadline()
+    if deadline is None or (isinstance(deadline, datetime) and timezone.is_aware(deadline)):
+        return deadline
+    logger.error("DEADLINE_POLICY %s answered %r for %s %r, not an aware datetime or None; it gets "
+                 "the default deadline (DEFAULT_TIMEOUT) instead.", settings.DEADLINE_POLICY, deadline,
+                 type(order).__name__, order.pk)
+    return default_deadline()
 
 
 class DeadlineIndex(models.Index):
@@ -126,10 +159,10 @@ class TimeoutOrderMixin(models.Model):
         return Q(**{f"{cls.TIMEOUT_STATUS_FIELD}__in": cls.TIMEOUT_UNPAID_STATUSES})
 
     @classmethod
-    def closing_values(cls, now: datetime) -> dict[str, Any]:
+    def closing_values(cls, now: datetime, reason: str = TIMEOUT_REASON) -> dict[str, Any]:
         """The columns a timeout close writes."""
         return {cls.TIMEOUT_STATUS_FIELD: cls.TIMEOUT_CLOSED_STATUS, "closed_at": now,
-                "close_reason": TIMEOUT_REASON}
+                "close_reason": reason}
 
     # -- what this copy and the queue last saw ----------------------------------
 
@@ -172,7 +205,7 @@ class TimeoutOrderMixin(models.Model):
         settled values are the shop's business.
         """
         if self._state.adding and self.expires_at is None and self.is_unpaid:
-            self.expires_at = default_deadline()
+            self.expires_at = policy_deadline(self)
         update_fields = kwargs.get("update_fields")
         writes_status = update_fields is None or self.TIMEOUT_STATUS_FIELD in update_fields
         writes_deadline = update_fields is None or "expires_at" in update_fields
@@ -193,7 +226,7 @@ class TimeoutOrderMixin(models.Model):
             if current is not None and writes_deadline:
                 self._keep_a_deadline_moved_meanwhile(current[1])
             if current is not None and writes_status and self._leaves_draft(current):
-                self.expires_at = default_deadline()
+                self.expires_at = policy_deadline(self)
                 if update_fields is not None and "expires_at" not in update_fields:
                     kwargs["update_fields"] = [*update_fields, "expires_at"]
                     writes_deadline = True
@@ -288,20 +321,27 @@ class TimeoutOrderMixin(models.Model):
             timeout_state_changed.send(sender=type(self), orders=[self])
         return paid
 
-    def extend_deadline(self, until: datetime) -> bool:
+    def extend_deadline(self, until: datetime | None) -> bool:
         """Move the deadline of an unpaid order to ``until``, later or earlier, and reschedule it.
 
         Earlier takes effect in Redis at once; later is taken up at the old
         deadline, when a consumer reads the row and moves the member on (Redis
-        never holds a later deadline than the row). Returns False when the
-        order is settled (paid); raises ``OrderClosed`` when it was closed first.
+        never holds a later deadline than the row). None takes the deadline
+        away: the order no longer expires. Its reminders move with it. Returns
+        False when the order is settled (paid); raises ``OrderClosed`` when it
+        was closed first. After a change the policy cares about (the customer
+        chose another payment method): ``order.extend_deadline(order.policy_deadline())``.
         """
-        if timezone.is_naive(until):
-            raise ValueError("extend_deadline() needs an aware datetime.")
+        if until is not None and timezone.is_naive(until):
+            raise ValueError("extend_deadline() needs an aware datetime (or None: no deadline).")
         extended = self._conditional_update(expires_at=until)
         if extended:
             timeout_state_changed.send(sender=type(self), orders=[self])
         return extended
+
+    def policy_deadline(self) -> datetime | None:
+        """The deadline ``DEADLINE_POLICY`` gives this order now (``policy_deadline(order)``)."""
+        return policy_deadline(self)
 
 
 class AbstractTimeoutOrder(TimeoutOrderMixin):
@@ -316,9 +356,11 @@ class AbstractTimeoutOrder(TimeoutOrderMixin):
     status = models.CharField(
         _("status"), max_length=16, choices=Status.choices, default=Status.UNPAID
     )
+    # No field default: save() asks DEADLINE_POLICY (or DEFAULT_TIMEOUT) for an unpaid
+    # order created without one, and a policy may answer None (never expires).
     expires_at = models.DateTimeField(
-        _("payment deadline"), default=default_deadline,
-        help_text=_("An unpaid order is closed once this moment has passed."),
+        _("payment deadline"), null=True, blank=True,
+        help_text=_("An unpaid order is closed once this moment has passed; empty: no deadline."),
     )
     created_at = models.DateTimeField(_("created at"), default=timezone.now, editable=False)
 
@@ -388,6 +430,41 @@ class DeadLetter(models.Model):
     @property
     def is_resolved(self) -> bool:
         return self.resolved_at is not None
+
+
+class Reminder(models.Model):
+    """One reminder of one order's deadline, done: written in the transaction that sent it
+    (``deadline_approaching``), or that passed it over.
+
+    One row per order, reminder and deadline, so a reminder retried, taken
+    over or raced by two consumers reaches its receivers once; a deadline
+    moved by ``extend_deadline()`` gets its reminders again.
+    """
+
+    class Outcome(models.TextChoices):
+        SENT = "sent", _("Sent")
+        # The order was held at that moment (a payment in flight): not sent, and not later.
+        HELD = "held", _("Not sent: payment in flight")
+        # A receiver raised on every retry.
+        FAILED = "failed", _("Failed")
+
+    order_model = models.CharField(_("order model"), max_length=100)
+    order_id = models.CharField(_("order id"), max_length=64)
+    # The ORDER_TIMEOUT["REMINDERS"] entry, in milliseconds before the deadline.
+    lead_ms = models.BigIntegerField(_("milliseconds before the deadline"))
+    deadline = models.DateTimeField(_("deadline"))
+    outcome = models.CharField(_("outcome"), max_length=16, choices=Outcome.choices)
+    at = models.DateTimeField(_("at"))
+
+    class Meta:
+        verbose_name = _("reminder")
+        verbose_name_plural = _("reminders")
+        ordering = ["-at"]
+        constraints = [models.UniqueConstraint(fields=["order_model", "order_id", "lead_ms", "deadline"],
+                                               name="order_timeout_reminder_once")]
+
+    def __str__(self) -> str:
+        return f"{self.order_model} {self.order_id}: {self.lead_ms / 1000:g} s before {self.deadline}"
 
 
 class TimeoutOverview(models.Model):

@@ -34,7 +34,7 @@ from redis.retry import Retry as RedisRetry
 from redis.sentinel import SentinelConnectionPool
 
 from .exceptions import QueueUnavailable
-from .keys import GlobalKeys, QueueKeys, shard_of
+from .keys import CLOSE, GlobalKeys, QueueKeys, shard_of
 
 logger = logging.getLogger("order_timeout")
 
@@ -46,6 +46,10 @@ SCRIPT_NAMES = ("schedule", "claim", "forget", "reschedule", "retry", "renew", "
 SLICE = 200
 
 T = TypeVar("T")
+
+# Why a member went back to pending (``reschedule``'s mark), kept with its first time.
+BUSY = "busy"
+HELD = "held"
 
 
 @functools.cache
@@ -105,6 +109,9 @@ class QueueStats:
     oldest_busy_ms: int | None = None
     # Members taken over from a consumer that died, froze or hung with them.
     taken_over: int = 0
+    # Members held by a payment in flight (HOLD_CONDITION), and since when the oldest has been.
+    held: int = 0
+    oldest_held_ms: int | None = None
 
     @staticmethod
     def add(parts: Iterable[QueueStats]) -> QueueStats:
@@ -120,6 +127,7 @@ class QueueStats:
             oldest_due_ms=earliest(p.oldest_due_ms for p in parts), busy=sum(p.busy for p in parts),
             oldest_busy_ms=earliest(p.oldest_busy_ms for p in parts),
             taken_over=sum(p.taken_over for p in parts),
+            held=sum(p.held for p in parts), oldest_held_ms=earliest(p.oldest_held_ms for p in parts),
         )
 
 
@@ -136,6 +144,8 @@ class Claim:
     token: str = ""
     takeovers: int = 0
     shard: int = 0
+    # The kind of timer claimed (keys.CLOSE or keys.REMIND).
+    kind: str = CLOSE
 
 
 @dataclass(frozen=True)
@@ -183,7 +193,7 @@ class Shard:
             for part in _slices(members):
                 dropped += int(self.scripts["forget"](
                     keys=[keys.pending, keys.leased, keys.owners, keys.attempts, keys.first_failure,
-                          keys.takeovers, keys.busy],
+                          keys.takeovers, keys.busy, keys.held],
                     args=[token, *part]))
         return dropped
 
@@ -205,7 +215,7 @@ class Shard:
         return Claim(
             members=[_text(member) for member in reply[2:]],
             next_score=int(float(next_score)) if next_score else None,
-            token=token, takeovers=int(reply[1]), shard=self.index,
+            token=token, takeovers=int(reply[1]), shard=self.index, kind=self.keys.kind,
         )
 
     def retry(self, token: str, members: Sequence[str], now_ms: int,
@@ -216,7 +226,7 @@ class Shard:
             for part in _slices(members):
                 reply = self.scripts["retry"](
                     keys=[keys.pending, keys.leased, keys.owners, keys.attempts, keys.first_failure,
-                          keys.busy],
+                          keys.busy, keys.held],
                     args=[token, now_ms, len(delays_ms), *delays_ms, *part],
                 )
                 retries += [
@@ -227,14 +237,15 @@ class Shard:
                 ]
         return retries
 
-    def reschedule(self, token: str, deadlines: Mapping[str, int], busy_since_ms: int | None) -> int:
+    def reschedule(self, token: str, deadlines: Mapping[str, int], mark: str = "",
+                   since_ms: int | None = None) -> int:
         keys = self.keys
         moved = 0
         with redis_errors("reschedule"):
             for part in _slices(list(deadlines)):
                 moved += int(self.scripts["reschedule"](
-                    keys=[keys.pending, keys.leased, keys.owners, keys.busy],
-                    args=[token, "" if busy_since_ms is None else busy_since_ms,
+                    keys=[keys.pending, keys.leased, keys.owners, keys.busy, keys.held],
+                    args=[token, mark, "" if since_ms is None else since_ms,
                           *_pairs({member: deadlines[member] for member in part})],
                 ))
         return moved
@@ -274,32 +285,41 @@ class Shard:
             pipe.zcard(keys.busy)
             pipe.zrange(keys.busy, 0, 0, withscores=True)
             pipe.hlen(keys.takeovers)
+            pipe.zcard(keys.held)
+            pipe.zrange(keys.held, 0, 0, withscores=True)
             (pending, due, leased, expired, first_pending, first_lease, busy, first_busy,
-             taken_over) = pipe.execute()
+             taken_over, held, first_held) = pipe.execute()
         waiting = [int(first[0][1]) for first in (first_pending, first_lease)
                    if first and first[0][1] <= now_ms]
         return QueueStats(pending=pending, due=due, leased=leased, expired_leases=expired,
                           oldest_due_ms=min(waiting) if waiting else None, busy=busy,
                           oldest_busy_ms=int(first_busy[0][1]) if first_busy else None,
-                          taken_over=taken_over)
+                          taken_over=taken_over, held=held,
+                          oldest_held_ms=int(first_held[0][1]) if first_held else None)
 
 
 class TimeoutQueue:
-    """One delay queue: its shards, and the members of a call grouped by the shard they live in."""
+    """One delay queue of one kind of timer: its shards, and the members of a call grouped by
+    the shard they live in."""
 
-    def __init__(self, client: Any, key_prefix: str, shards: int = 1) -> None:
+    def __init__(self, client: Any, key_prefix: str, shards: int = 1, kind: str = CLOSE) -> None:
         self.client = client
         self.prefix = key_prefix
-        self.shards = [Shard(client, QueueKeys(key_prefix, index, shards), lambda: self.scripts)
+        self.kind = kind
+        self.shards = [Shard(client, QueueKeys(key_prefix, index, shards, kind), lambda: self.scripts)
                        for index in range(shards)]
         self.global_keys = GlobalKeys(key_prefix)
 
     @classmethod
-    def from_settings(cls) -> TimeoutQueue:
+    def from_settings(cls, kind: str = CLOSE) -> TimeoutQueue:
         """The queue on ``REDIS_ALIAS``'s client (``alias_client``); ``QueueUnavailable`` if it cannot connect."""
         from .conf import settings
 
-        return cls(alias_client(settings.REDIS_ALIAS), settings.KEY_PREFIX, settings.SHARDS)
+        return cls(alias_client(settings.REDIS_ALIAS), settings.KEY_PREFIX, settings.SHARDS, kind)
+
+    def of_kind(self, kind: str) -> TimeoutQueue:
+        """The queue of another kind of timer on the same client, prefix and shards."""
+        return type(self)(self.client, self.prefix, len(self.shards), kind)
 
     @classmethod
     def for_saves(cls) -> TimeoutQueue:
@@ -369,15 +389,17 @@ class TimeoutQueue:
         return [retry for shard, part in self.by_shard(members).items()
                 for retry in shard.retry(token, part, now_ms, delays_ms)]
 
-    def reschedule(self, token: str, deadlines: Mapping[str, int], *,
-                   busy_since_ms: int | None = None) -> int:
+    def reschedule(self, token: str, deadlines: Mapping[str, int], *, mark: str = "",
+                   since_ms: int | None = None) -> int:
         """Move members this claim holds back to pending at new deadlines; returns how many moved.
 
-        ``busy_since_ms``: their rows were locked by another transaction (they
-        are counted as busy from the first time that happened).
+        ``mark`` says why, for the backlog's figures: ``BUSY`` (their rows were
+        locked by another transaction) or ``HELD`` (a payment in flight holds
+        them); each is counted from the first time it was found so
+        (``since_ms``). Any other put-back clears both marks.
         """
-        return sum(shard.reschedule(token, {member: deadlines[member] for member in part},
-                                    busy_since_ms)
+        return sum(shard.reschedule(token, {member: deadlines[member] for member in part}, mark,
+                                    since_ms)
                    for shard, part in self.by_shard(deadlines).items())
 
     def renew(self, token: str, members: Iterable[str], until_ms: int) -> int:
@@ -391,20 +413,6 @@ class TimeoutQueue:
         "oldest due" age counts from when they became claimable again.
         """
         return self.renew(token, members, now_ms)
-
-    def next_scores(self) -> dict[int, int | None]:
-        """Each shard's earliest score (pending deadline or lease expiry), in one round trip."""
-        with redis_errors("read the next deadlines"):
-            pipe = self.client.pipeline(transaction=False)
-            for shard in self.shards:
-                pipe.zrange(shard.keys.pending, 0, 0, withscores=True)
-                pipe.zrange(shard.keys.leased, 0, 0, withscores=True)
-            replies = pipe.execute()
-        result: dict[int, int | None] = {}
-        for shard in self.shards:
-            firsts = [int(reply[0][1]) for reply in replies[2 * shard.index:2 * shard.index + 2] if reply]
-            result[shard.index] = min(firsts) if firsts else None
-        return result
 
     # -- looking ------------------------------------------------------------------
 
@@ -482,6 +490,37 @@ class TimeoutQueue:
         if members:
             with redis_errors("clear members the scan closed"):
                 self.client.hdel(self.global_keys.scanning, *members)
+
+
+class Lanes:
+    """The shards of every kind of timer a consumer serves, numbered in one sequence: a lane each.
+
+    The closes' shards come first (lane = shard index), the reminders' after
+    them. A consumer goes round the lanes, so no kind waits behind another.
+    """
+
+    def __init__(self, queues: Sequence[TimeoutQueue]) -> None:
+        self.queues = list(queues)
+        self.client = self.queues[0].client
+        self.shards = [shard for queue in self.queues for shard in queue.shards]
+        self._queue_of = [queue for queue in self.queues for _ in queue.shards]
+
+    def queue_of(self, lane: int) -> TimeoutQueue:
+        return self._queue_of[lane]
+
+    def next_scores(self) -> dict[int, int | None]:
+        """Each lane's earliest score (pending deadline or lease expiry), in one round trip."""
+        with redis_errors("read the next deadlines"):
+            pipe = self.client.pipeline(transaction=False)
+            for shard in self.shards:
+                pipe.zrange(shard.keys.pending, 0, 0, withscores=True)
+                pipe.zrange(shard.keys.leased, 0, 0, withscores=True)
+            replies = pipe.execute()
+        result: dict[int, int | None] = {}
+        for lane in range(len(self.shards)):
+            firsts = [int(reply[0][1]) for reply in replies[2 * lane:2 * lane + 2] if reply]
+            result[lane] = min(firsts) if firsts else None
+        return result
 
 
 # Most connections the saves of one process open to each Redis node (fewer if the

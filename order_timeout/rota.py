@@ -1,9 +1,11 @@
-"""Which shard a consumer claims from next, and when each shard next has something due.
+"""Which lane a consumer claims from next, and when each lane next has something due.
 
-A consumer starts at a random shard and goes round, so many consumers spread
-over the shards. It remembers each shard's next score (from its last claim,
-a wake-up, or a refresh every ``MAX_WAIT``), so an idle consumer asks only
-the shards that are due or woke it.
+A lane is one shard of one kind of timer (``queue.Lanes``): the closes'
+shards, then the reminders'. A consumer starts at a random lane and goes
+round, so many consumers spread over the shards and no kind waits behind
+another. It remembers each lane's next score (from its last claim, a
+wake-up, or a refresh every ``MAX_WAIT``), so an idle consumer asks only the
+lanes that are due or woke it.
 """
 
 from __future__ import annotations
@@ -40,10 +42,10 @@ class ShardRota:
         with self._lock:
             return any(score is not None and score <= due_ms for score in self._next)
 
-    def claimed(self, claim: Claim) -> None:
+    def claimed(self, lane: int, claim: Claim) -> None:
         with self._lock:
             # After a claim that took members, more may be due at once.
-            self._next[claim.shard] = UNKNOWN if claim.members else claim.next_score
+            self._next[lane] = UNKNOWN if claim.members else claim.next_score
 
     def woke(self, shard: int) -> None:
         """A new earliest deadline was scheduled on ``shard``."""

@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Any
 from django.db import router, transaction
 from django.db.models.signals import post_delete, post_save
 
-from .codec import deadline_score, order_member
+from .codec import deadline_score, order_member, reminder_member
+from .conf import settings
 from .exceptions import QueueUnavailable
+from .keys import REMIND
 from .queue import TimeoutQueue
 from .signals import timeout_state_changed
 
@@ -41,13 +43,33 @@ class _Change:
 
     deadlines: dict[str, int] = field(default_factory=dict)
     gone: list[str] = field(default_factory=list)
+    # The same for the reminders' queue: one member per reminder of each order.
+    reminders: dict[str, int] = field(default_factory=dict)
+    reminders_gone: list[str] = field(default_factory=list)
     told: list[tuple[TimeoutOrderMixin, tuple[Any, Any]]] = field(default_factory=list)
+
+    def add(self, order: TimeoutOrderMixin, leads: list[int]) -> None:
+        """The order's close at its deadline and each reminder before it, or none of them."""
+        model = type(order)
+        member = order_member(model, order.pk)
+        reminders = [reminder_member(model, order.pk, lead) for lead in leads]
+        if order.awaits_payment:
+            assert order.expires_at is not None
+            self.deadlines[member] = score = deadline_score(order.expires_at)
+            self.reminders.update((reminder, score - lead) for reminder, lead in zip(reminders, leads,
+                                                                                   strict=True))
+        else:
+            self.gone.append(member)
+            self.reminders_gone += reminders
 
 
 def _sync(change: _Change) -> None:
     try:
         # Bounded: this runs in the request that saved the order.
-        TimeoutQueue.for_saves().sync(change.deadlines, change.gone)
+        queue = TimeoutQueue.for_saves()
+        queue.sync(change.deadlines, change.gone)
+        if change.reminders or change.reminders_gone:
+            queue.of_kind(REMIND).sync(change.reminders, change.reminders_gone)
     except QueueUnavailable as exc:
         logger.warning(
             "Could not update the timeout queue for %d order(s) (%s); the compensation scan "
@@ -68,14 +90,10 @@ def schedule(orders: Iterable[TimeoutOrderMixin]) -> None:
     ``expires_at``; any other order is taken off the queue.
     """
     by_database: dict[str, _Change] = defaultdict(_Change)
+    leads = settings.reminders()
     for order in orders:
         change = by_database[_database(order)]
-        member = order_member(type(order), order.pk)
-        if order.awaits_payment:
-            assert order.expires_at is not None
-            change.deadlines[member] = deadline_score(order.expires_at)
-        else:
-            change.gone.append(member)
+        change.add(order, leads)
         change.told.append((order, order._timeout_state()))
     for using, change in by_database.items():
         transaction.on_commit(partial(_sync, change), using=using)
@@ -84,8 +102,11 @@ def schedule(orders: Iterable[TimeoutOrderMixin]) -> None:
 def unschedule(orders: Iterable[TimeoutOrderMixin]) -> None:
     """Take these orders off the queue once the transaction commits."""
     by_database: dict[str, _Change] = defaultdict(_Change)
+    leads = settings.reminders()
     for order in orders:
-        by_database[_database(order)].gone.append(order_member(type(order), order.pk))
+        change = by_database[_database(order)]
+        change.gone.append(order_member(type(order), order.pk))
+        change.reminders_gone += [reminder_member(type(order), order.pk, lead) for lead in leads]
     for using, change in by_database.items():
         transaction.on_commit(partial(_sync, change), using=using)
 

@@ -14,6 +14,15 @@ release stock with one query per batch rather than one per order. (When a
 receiver raised and the batch is closed again one order at a time, it is sent
 once per order instead.)
 
+``deadline_approaching(sender=OrderModel, order=order, seconds_left=N)`` is
+sent once for each of ``ORDER_TIMEOUT["REMINDERS"]`` (N seconds before the
+deadline) of each unpaid order, inside a transaction that locks the row and
+records the reminder (``order_timeout.models.Reminder``): send the e-mail from
+``transaction.on_commit()``. Never for an order that is paid, closed, held (a
+payment in flight) or without a deadline at that moment, never after the
+deadline. A receiver that raises fails that reminder alone (retried like a
+close); the close of its order does not wait for it.
+
 ``timeout_state_changed(sender=OrderModel, orders=[...])`` is sent by
 ``mark_paid()`` and ``extend_deadline()``, which change rows with a
 conditional UPDATE (no ``post_save``); the app's own receiver mirrors the
@@ -26,4 +35,5 @@ from django.dispatch import Signal
 
 order_expired = Signal()
 orders_expired = Signal()
+deadline_approaching = Signal()
 timeout_state_changed = Signal()

@@ -23,7 +23,7 @@ from typing import Any
 from redis.cluster import RedisCluster
 from redis.exceptions import NoPermissionError, RedisClusterException, RedisError
 
-from .queue import TimeoutQueue
+from .queue import Lanes, TimeoutQueue
 from .server import sharded_pubsub
 
 logger = logging.getLogger("order_timeout")
@@ -33,12 +33,16 @@ RESUBSCRIBE_AFTER = 1.0
 
 
 class WakeListener:
-    """Calls ``on_wake(shard_index)`` whenever a shard schedules a new earliest deadline."""
+    """Calls ``on_wake(lane)`` whenever a shard schedules a new earliest deadline.
 
-    def __init__(self, queue: TimeoutQueue, on_wake: Callable[[int], None]) -> None:
+    ``queue`` is a ``TimeoutQueue`` (lane = shard index) or the ``Lanes`` of
+    several kinds of timer (lane = the shard's place among them).
+    """
+
+    def __init__(self, queue: TimeoutQueue | Lanes, on_wake: Callable[[int], None]) -> None:
         self.queue = queue
         self.on_wake = on_wake
-        self._channels = {shard.keys.wake: shard.index for shard in queue.shards}
+        self._channels = {shard.keys.wake: lane for lane, shard in enumerate(queue.shards)}
         self._closed = threading.Event()
         self._pubsub: Any = None
         # Channels the server has confirmed since the subscription was (re)built.

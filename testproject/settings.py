@@ -112,6 +112,12 @@ if "ORDER_TIMEOUT_SHARDS" in os.environ:
     ORDER_TIMEOUT["SHARDS"] = int(os.environ["ORDER_TIMEOUT_SHARDS"])
 if "ORDER_TIMEOUT_REDIS_ALIAS" in os.environ:
     ORDER_TIMEOUT["REDIS_ALIAS"] = os.environ["ORDER_TIMEOUT_REDIS_ALIAS"]
+# Payments take time: holds, deadline policy and reminders, for consumers in other processes.
+for _key in ("HOLD_CONDITION", "DEADLINE_POLICY"):
+    if os.environ.get(f"ORDER_TIMEOUT_{_key}"):
+        ORDER_TIMEOUT[_key] = os.environ[f"ORDER_TIMEOUT_{_key}"]
+if os.environ.get("ORDER_TIMEOUT_REMINDERS"):
+    ORDER_TIMEOUT["REMINDERS"] = [float(s) for s in os.environ["ORDER_TIMEOUT_REMINDERS"].split(",")]
 
 # Celery: Redis as broker and result backend (CELERY_BROKER_URL overrides).
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)

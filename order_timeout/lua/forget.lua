@@ -2,7 +2,7 @@
   Forget members whose orders are settled for good (closed, paid, deleted).
 
   KEYS[1] pending  KEYS[2] leased  KEYS[3] owners  KEYS[4] attempts
-  KEYS[5] first_failure  KEYS[6] takeovers  KEYS[7] busy
+  KEYS[5] first_failure  KEYS[6] takeovers  KEYS[7] busy  KEYS[8] held
   ARGV[1] token    the claim's token (an ack), or "" (unschedule: no claim involved)
   ARGV[2..] members (at most queue.SLICE: the caller slices)
 
@@ -16,7 +16,7 @@
 ]]
 local rcall = redis.call
 local pending, leased, owners = KEYS[1], KEYS[2], KEYS[3]
-local attempts, first_failure, takeovers, busy = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local attempts, first_failure, takeovers, busy, held = KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local token = ARGV[1]
 local members = {}
 for i = 2, #ARGV do members[#members + 1] = ARGV[i] end
@@ -40,4 +40,5 @@ rcall('HDEL', attempts, unpack(ours))
 rcall('HDEL', first_failure, unpack(ours))
 rcall('HDEL', takeovers, unpack(ours))
 rcall('ZREM', busy, unpack(ours))
+rcall('ZREM', held, unpack(ours))
 return #ours

@@ -2,7 +2,7 @@
   Take members out of a shard of the old layout, once their copy is in the new one.
 
   KEYS[1] pending  KEYS[2] leased  KEYS[3] owners  KEYS[4] attempts
-  KEYS[5] first_failure  KEYS[6] takeovers  KEYS[7] busy
+  KEYS[5] first_failure  KEYS[6] takeovers  KEYS[7] busy  KEYS[8] held
   ARGV[1] now (ms)
   ARGV[2..] member1, pending_score1, lease1, member2, ... ("" where there was none)
 
@@ -13,7 +13,7 @@
 ]]
 local rcall = redis.call
 local pending, leased, owners = KEYS[1], KEYS[2], KEYS[3]
-local attempts, first_failure, takeovers, busy = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local attempts, first_failure, takeovers, busy, held = KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local now = tonumber(ARGV[1])
 local moved = 0
 for i = 2, #ARGV, 3 do
@@ -33,6 +33,7 @@ for i = 2, #ARGV, 3 do
     rcall('HDEL', first_failure, member)
     rcall('HDEL', takeovers, member)
     rcall('ZREM', busy, member)
+    rcall('ZREM', held, member)
     moved = moved + 1
   end
 end

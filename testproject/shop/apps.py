@@ -9,12 +9,13 @@ class ShopConfig(AppConfig):
     def ready(self) -> None:
         import os
 
-        from order_timeout.signals import order_expired
+        from order_timeout.signals import deadline_approaching, order_expired
 
         from .models import PlainOrderDeadline, ShopOrder
         from .receivers import (
             cancel_plain_order,
             record_expiry,
+            record_reminder,
             release_stock,
             write_status_change,
         )
@@ -29,3 +30,4 @@ class ShopConfig(AppConfig):
             order_expired.connect(release_stock, sender=ShopOrder, dispatch_uid="shop.release_stock")
         order_expired.connect(cancel_plain_order, sender=PlainOrderDeadline,
                               dispatch_uid="shop.cancel_plain_order")
+        deadline_approaching.connect(record_reminder, dispatch_uid="shop.record_reminder")

@@ -49,6 +49,8 @@ class AbstractShopOrder(models.Model):
 
     number = models.CharField("order number", max_length=128, blank=True)
     status = models.CharField("status", max_length=100, default="Pending")
+    # What the customer chose at checkout: the deadline policy gives each its own time to pay.
+    payment_method = models.CharField(max_length=32, default="card")
     total = models.DecimalField(max_digits=12, decimal_places=2, default=Decimal("0"))
     date_placed = models.DateTimeField(default=timezone.now)
 
@@ -143,3 +145,45 @@ class SoftDeleteOrder(AbstractTimeoutOrder):
 
     objects = VisibleOrders()
     every = models.Manager()
+
+
+# -- Payments: started at checkout, confirmed (or not) by the gateway's webhook later ---------
+
+
+class PaymentState(models.TextChoices):
+    PENDING = "pending"  # 3-D Secure, a wallet, a bank transfer: started, not confirmed yet
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class AbstractPayment(models.Model):
+    method = models.CharField(max_length=32, default="card")
+    state = models.CharField(max_length=16, choices=PaymentState.choices, default=PaymentState.PENDING)
+    amount = models.DecimalField(max_digits=12, decimal_places=2, default=Decimal("0"))
+    started_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        abstract = True
+
+
+class Payment(AbstractPayment):
+    """A payment of the shop's own order."""
+
+    order = models.ForeignKey(ShopOrder, on_delete=models.CASCADE, related_name="payments")
+
+
+class OrderPayment(AbstractPayment):
+    """The same, for the app's ready-made ``Order``: the hold condition reads alike on both."""
+
+    order = models.ForeignKey("order_timeout.Order", on_delete=models.CASCADE, related_name="payments")
+
+
+class ReminderEmail(models.Model):
+    """What the shop's reminder receiver would e-mail: one row per ``deadline_approaching``,
+    written in the transaction that sends it (so a row is a reminder that really went out)."""
+
+    model = models.CharField(max_length=100)
+    order_id = models.CharField(max_length=64, db_index=True)
+    seconds_left = models.FloatField()
+    deadline = models.DateTimeField(null=True)
+    written_at = models.DateTimeField(auto_now_add=True)

@@ -57,3 +57,22 @@ def cancel_plain_order(sender: Any, order: Any, **kwargs: Any) -> None:
     from .models import PlainOrder
 
     PlainOrder.objects.filter(pk=order.order_id, status="pending").update(status="cancelled")
+
+
+def record_reminder(sender: Any, order: Any, seconds_left: float, **kwargs: Any) -> None:
+    """``deadline_approaching``: what the shop would e-mail ("N minutes left to pay"), as a row
+    written in the reminder's transaction. The e-mail itself would go from on_commit().
+
+    SHOP_REMINDER_STALL_FILE makes the first delivery create that file and hang (so a test can
+    kill the consumer mid-batch); SHOP_REMINDER_FAIL_ON_ORDER raises for that order.
+    """
+    from .models import ReminderEmail
+
+    if os.environ.get("SHOP_REMINDER_FAIL_ON_ORDER") == str(order.pk):
+        raise RuntimeError(f"the mail service refused order {order.pk}'s reminder")
+    ReminderEmail.objects.create(model=sender._meta.label, order_id=str(order.pk), seconds_left=seconds_left,
+                                 deadline=order.expires_at)
+    stall_file = os.environ.get("SHOP_REMINDER_STALL_FILE")
+    if stall_file:
+        Path(stall_file).touch()
+        time.sleep(3600)

@@ -87,7 +87,8 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         self.stdout.write(
             f"Timeout consumer stopped: {stats.closed} closed, {stats.skipped_paid} skipped (paid or "
-            f"closed before), {stats.rescheduled} rescheduled, {stats.failed} failed, "
+            f"closed before), {stats.held} held (payment in flight), {stats.rescheduled} rescheduled, "
+            f"{stats.failed} failed, "
             f"{stats.dead_lettered} dead-lettered, {stats.dropped} dropped, {stats.abandoned} given up."
         )
 

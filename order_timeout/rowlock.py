@@ -1,0 +1,97 @@
+"""Locking order rows for an act under their lock (a close, a reminder), and retrying lock conflicts.
+
+Knows nothing of Redis. ``lock_orders`` is the one locking ``SELECT`` both
+acts start with: the rows, the database's clock, and with a
+``HOLD_CONDITION`` whether each row is held (a subquery of that statement,
+never a query per order). Rows another transaction holds are skipped (``SKIP
+LOCKED``) and reported busy, so one cannot stall the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TypeVar
+
+from django.db import connections
+from django.db.models import Exists, OuterRef
+
+from .conf import settings
+from .dberrors import is_lock_conflict
+from .dbsession import DatabaseNow
+
+logger = logging.getLogger("order_timeout")
+
+# A lock conflict is tried again at once this many times in all, pausing a
+# random 5-50 ms (times the attempt) in between so two colliding transactions
+# do not collide again in step.
+LOCK_CONFLICT_ATTEMPTS = 5
+LOCK_CONFLICT_PAUSE = (0.005, 0.05)
+
+T = TypeVar("T")
+
+
+@dataclass
+class LockedOrders:
+    """What one locking ``SELECT`` found."""
+
+    rows: dict[Any, Any] = field(default_factory=dict)
+    # The database's clock (None when no row was locked).
+    db_now: datetime | None = None
+    # Rows that exist but another transaction holds.
+    busy: set[Any] = field(default_factory=set)
+    # Rows the hold condition holds (a payment in flight).
+    held: set[Any] = field(default_factory=set)
+
+
+def lock_orders(manager: Any, pks: Sequence[Any]) -> LockedOrders:
+    """Lock ``pks``' rows inside the caller's transaction, skipping those locked elsewhere."""
+    skip_locked = connections[manager.db].features.has_select_for_update_skip_locked
+    locked = (manager.select_for_update(skip_locked=skip_locked).filter(pk__in=pks)
+              .annotate(_timeout_db_now=DatabaseNow()))
+    hold = settings.hold_condition()
+    if hold is not None:
+        locked = locked.annotate(_timeout_held=Exists(
+            manager.model._base_manager.filter(hold, pk=OuterRef("pk"))))
+    found = LockedOrders(rows={order.pk: order for order in locked})
+    found.db_now = next((order._timeout_db_now for order in found.rows.values()), None)
+    found.held = {pk for pk, order in found.rows.items() if getattr(order, "_timeout_held", False)}
+    absent = [pk for pk in pks if pk not in found.rows]
+    if absent:
+        found.busy = set(manager.filter(pk__in=absent).values_list("pk", flat=True))
+    return found
+
+
+class StillConflicting(Exception):
+    """Every immediate retry met a lock conflict too."""
+
+
+class Stopped(Exception):
+    """The caller asked to stop before a retry."""
+
+
+def retrying_lock_conflicts(using: str, act: Callable[[], T], stopping: Callable[[], bool],
+                            what: str = "closing") -> T:
+    """Run ``act`` (a whole transaction); on a lock conflict, wait a few random ms and run it again.
+
+    Raises ``StillConflicting`` when every attempt conflicted, ``Stopped``
+    when the caller asked to stop between attempts.
+    """
+    connection = connections[using]
+    for attempt in range(1, LOCK_CONFLICT_ATTEMPTS + 1):
+        try:
+            return act()
+        except Exception as exc:
+            if not is_lock_conflict(exc) or connection.in_atomic_block:
+                raise
+            logger.info("Lock conflict while %s (%s); trying again at once (%d/%d).",
+                        what, exc, attempt, LOCK_CONFLICT_ATTEMPTS)
+            if stopping():
+                raise Stopped from exc
+            if attempt < LOCK_CONFLICT_ATTEMPTS:
+                time.sleep(random.uniform(*LOCK_CONFLICT_PAUSE) * attempt)
+    raise StillConflicting

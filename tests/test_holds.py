@@ -1,0 +1,211 @@
+"""A payment in flight holds its order past the deadline: never refused while the shop's data says so.
+
+The shop's payments table (``testproject.shop``) has pending, succeeded and
+failed payments; ``HOLD_CONDITION`` is ``Q(payments__state="pending")`` on
+either order model.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection
+from django.db.models import Q
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from order_timeout.codec import now_score
+from order_timeout.compensation import compensate
+from order_timeout.conf import settings as order_settings
+from order_timeout.health import measure
+from order_timeout.models import Order
+from testproject.shop.models import OrderPayment, Payment, PaymentState, ShopOrder
+
+from .conftest import both_models
+from .helpers import count_in, expiries, leased_members, pending_count, score_of, state
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+RECHECK = 30
+
+
+@pytest.fixture
+def holds(settings):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "HOLD_CONDITION": Q(payments__state="pending"),
+                              "HOLD_RECHECK": RECHECK}
+
+
+def start_payment(order, state=PaymentState.PENDING):
+    """The customer started paying: a payment row, pending until the gateway's webhook says."""
+    kind = Payment if isinstance(order, ShopOrder) else OrderPayment
+    return kind.objects.create(order=order, state=state)
+
+
+def settle_payment(payment, state):
+    type(payment).objects.filter(pk=payment.pk).update(state=state)
+
+
+@both_models
+def test_an_order_whose_payment_is_pending_at_its_deadline_is_held_not_closed(
+        holds, make_order, order_model, consumer, queue, clock):
+    order = make_order(in_seconds=-1)
+    start_payment(order)
+
+    stats = consumer().run(once=True)
+
+    assert state(order) == "unpaid" and expiries(order) == 0
+    assert (stats.closed, stats.held) == (0, 1)
+    assert score_of(queue, str(order.pk)) == now_score(clock()) + RECHECK * 1000
+    health = measure(model=order_model, drift=False)
+    assert (health.held, health.overdue_unpaid_in_database) == (1, 0)
+
+
+@both_models
+def test_a_held_order_whose_payment_failed_is_closed_at_the_next_look(
+        holds, make_order, order_model, consumer, queue, clock):
+    order = make_order(in_seconds=-1)
+    payment = start_payment(order)
+    worker = consumer()
+    worker.run(once=True)
+
+    settle_payment(payment, PaymentState.FAILED)
+    clock.advance(RECHECK - 1)
+    assert worker.run(once=True).closed == 0  # not looked at again before HOLD_RECHECK
+    clock.advance(1)
+    stats = worker.run(once=True)
+
+    assert stats.closed == 1 and state(order) == "closed" and expiries(order) == 1
+    assert order_model._base_manager.get(pk=order.pk).close_reason == "timeout"
+    assert pending_count(queue) == 0 and leased_members(queue) == []
+    assert measure(model=order_model, drift=False).held == 0
+
+
+@both_models
+def test_a_held_order_whose_payment_succeeded_is_paid_and_never_closed(
+        holds, make_order, order_model, consumer, queue, clock):
+    """The webhook comes after the deadline: the payment is taken, not refunded."""
+    order = make_order(in_seconds=-1)
+    payment = start_payment(order)
+    worker = consumer()
+    worker.run(once=True)
+
+    settle_payment(payment, PaymentState.SUCCEEDED)
+    paid = order_model.objects.get(pk=order.pk).mark_paid()
+    clock.advance(RECHECK)
+    worker.run(once=True)
+
+    assert paid is True and state(order) == "paid" and expiries(order) == 0
+    assert pending_count(queue) == 0 and leased_members(queue) == []
+
+
+@both_models
+def test_a_hold_past_max_hold_closes_the_order_with_its_own_reason(
+        holds, settings, order_model, consumer):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "MAX_HOLD": 3600}
+    late = order_model.objects.create(expires_at=timezone.now() - timedelta(hours=2))
+    recent = order_model.objects.create(expires_at=timezone.now() - timedelta(minutes=30))
+    for order in (late, recent):
+        start_payment(order)
+
+    stats = consumer().run(once=True)
+
+    assert (stats.closed, stats.held) == (1, 1)
+    assert state(late) == "closed" and state(recent) == "unpaid"
+    assert order_model._base_manager.get(pk=late.pk).close_reason == "hold_expired"
+
+
+def test_without_max_hold_a_payment_pending_for_days_keeps_holding(holds, settings, consumer):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "MAX_HOLD": None}
+    order = Order.objects.create(expires_at=timezone.now() - timedelta(days=30))
+    start_payment(order)
+
+    assert consumer().run(once=True).held == 1
+    assert state(order) == "unpaid"
+
+
+def test_a_held_order_is_looked_at_again_no_later_than_its_max_hold(holds, settings, consumer, queue, clock):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "MAX_HOLD": 3600}
+    deadline = timezone.now() - timedelta(seconds=3600 - 10)
+    order = Order.objects.create(expires_at=deadline)
+    start_payment(order)
+
+    consumer().run(once=True)
+
+    assert score_of(queue, str(order.pk)) <= now_score(deadline + timedelta(seconds=3600)) + 1
+
+
+def test_the_hold_condition_costs_no_query_per_order(holds, settings, consumer):
+    """One batch of 40 (20 held) takes the same statements as one of 40 without holds."""
+    def batch_statements(hold_condition) -> list[str]:
+        settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "HOLD_CONDITION": hold_condition}
+        orders = [Order.objects.create(expires_at=timezone.now() - timedelta(seconds=1)) for _ in range(40)]
+        for order in orders[::2]:
+            start_payment(order)
+        with CaptureQueriesContext(connection) as queries:
+            consumer(batch_size=40).run(once=True)
+        # The shop's receiver writes a row per close (20 or 40 here): not ours to count.
+        return [query["sql"].split()[0].upper() for query in queries.captured_queries
+                if "shop_expiry" not in query["sql"]]
+
+    with_holds = batch_statements(Q(payments__state="pending"))
+    without = batch_statements(None)
+
+    assert with_holds == without, (with_holds, without)
+    assert with_holds.count("SELECT") == 1  # the locking SELECT, holds and all
+
+
+def test_the_hold_condition_may_be_the_dotted_path_of_a_callable(settings, make_order, consumer):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT,
+                              "HOLD_CONDITION": "testproject.shop.payments.in_flight"}
+    order = make_order(in_seconds=-1)
+    start_payment(order)
+
+    assert consumer().run(once=True).held == 1
+
+
+@pytest.mark.parametrize("value, message", [
+    ("testproject.shop.payments.no_such_thing", "cannot be imported"),
+    ("testproject.shop.payments.TIME_TO_PAY", "not callable"),
+    (42, "a Q object"),
+])
+def test_a_bad_hold_condition_is_improperly_configured_naming_the_key(settings, value, message):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "HOLD_CONDITION": value}
+
+    with pytest.raises(ImproperlyConfigured, match=rf"ORDER_TIMEOUT\['HOLD_CONDITION'\].*{message}"):
+        order_settings.load()
+
+
+def test_a_hold_callable_that_returns_no_q_is_improperly_configured(settings):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT,
+                              "HOLD_CONDITION": "django.utils.timezone.now"}
+
+    with pytest.raises(ImproperlyConfigured, match="HOLD_CONDITION"):
+        order_settings.hold_condition()
+
+
+@both_models
+def test_the_scan_holds_an_order_redis_lost_and_puts_it_back_for_the_consumers(
+        holds, make_order, order_model, queue):
+    order = make_order(in_seconds=-600)
+    start_payment(order)
+    queue.unschedule([str(order.pk)])  # a failover lost its member
+
+    result = compensate(now=timezone.now())
+
+    assert (result.closed, result.held) == (0, 1)
+    assert state(order) == "unpaid"
+    assert score_of(queue, str(order.pk)) is not None  # the consumers look at it again
+
+
+def test_a_paid_held_order_is_counted_nowhere(holds, make_order, consumer, queue, clock):
+    order = make_order(in_seconds=-1)
+    start_payment(order)
+    consumer().run(once=True)
+    Order.objects.get(pk=order.pk).mark_paid()
+
+    health = measure(drift=False)
+
+    assert (health.held, health.pending, health.overdue_unpaid_in_database) == (0, 0, 0)
+    assert count_in(Order, "paid") == 1
