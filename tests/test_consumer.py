@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections import Counter
 from contextlib import contextmanager
 from datetime import timedelta
@@ -426,7 +427,7 @@ def test_idle_consumer_does_not_busy_loop(settings):
     max_wait = 0.2
     with neighbour_hammering_the_server():
         started = time.monotonic()
-        worker = Consumer(TimeoutQueue(client, order_settings.KEY_PREFIX, shards), max_wait=max_wait)
+        worker = Consumer(TimeoutQueue(client, own_key_prefix(), shards), max_wait=max_wait)
         with running(worker):
             wait_for(lambda: kinds(traffic)["refresh"] >= 5)
         elapsed = time.monotonic() - started
@@ -438,6 +439,13 @@ def test_idle_consumer_does_not_busy_loop(settings):
     assert sent == {"claim": shards, "version": 1, "subscribe": 1}
     # Then one round trip per MAX_WAIT, never sooner.
     assert refreshes * max_wait <= elapsed, (refreshes, elapsed)
+
+
+def own_key_prefix() -> str:
+    """Keys, and wake-up channels, of the test's own. Pub/sub ignores the database number: other
+    runs on the same server publish on the default prefix's channels, and their wake-ups would
+    make a consumer claim."""
+    return f"{order_settings.KEY_PREFIX}-{uuid.uuid4().hex[:8]}"
 
 
 def kinds(traffic: Traffic) -> Counter[str]:
@@ -612,7 +620,8 @@ def test_a_sleeping_consumer_closes_the_deadlines_within_its_batch_window_in_one
         assert order.closed_at >= order.expires_at
 
 
-def test_scheduling_publishes_a_wake_up_only_for_a_new_earliest_deadline(queue, redis_client, clock):
+def test_scheduling_publishes_a_wake_up_only_for_a_new_earliest_deadline(redis_client, clock):
+    queue = TimeoutQueue(redis_client, own_key_prefix(), 1)  # its channel heard by this test alone
     pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
     pubsub.ssubscribe(queue.shards[0].keys.wake)
     now = now_score(clock())
