@@ -67,8 +67,9 @@ def test_pitfall_3_racing_consumers_close_every_order_exactly_once(consumer_proc
     due_orders(count, order_model)
 
     # Every order closed or dead-lettered, and nothing left in Redis (rows another racer held
-    # come back a second later; given-up leases go to the next claim).
-    wait_for(lambda: count_in(order_model, "closed") + DeadLetter.objects.count() == count
+    # come back a second later; given-up leases go to the next claim). At least: one closed
+    # and dead-lettered too is for the assertions below to report, not for the wait to hide.
+    wait_for(lambda: count_in(order_model, "closed") + DeadLetter.objects.count() >= count
              and pending_count(queue) == 0 and leased_members(queue) == [])
     for racer in racers:
         racer.signal(signal.SIGTERM)
