@@ -130,26 +130,35 @@ def session_id(connection: BaseDatabaseWrapper) -> Any:
 
 
 def end_session(using: str, sid: Any) -> bool:
-    """End another session of ours (its transaction rolls back, its row locks go); True if done.
+    """End another session of ours (its transaction rolls back, its row locks go); True if this call did.
 
-    Runs on this thread's own connection to ``using``.
+    False when there was no such session left to end: the server ended it
+    first (its idle-transaction limit, a frozen consumer thawed), which is
+    logged at DEBUG only, the same on both vendors (MySQL/MariaDB's KILL
+    fails with "Unknown thread id", PostgreSQL's ``pg_terminate_backend()``
+    returns false); or when it could not be ended, which is a WARNING. Its
+    caller, the lease guard, needs only the session gone and does not look
+    at the answer. Runs on this thread's own connection to ``using``, closed
+    after.
     """
     connection = connections[using]
     try:
         with connection.cursor() as cursor:
             if connection.vendor == "postgresql":
                 cursor.execute("SELECT pg_terminate_backend(%s)", [sid])
+                ended = bool(cursor.fetchone()[0])
             elif connection.vendor == "mysql":
                 cursor.execute(f"KILL {int(sid)}")
+                ended = True
             else:
                 return False
-        return True
     except DatabaseError as exc:
-        if exc.args and exc.args[0] == MYSQL_UNKNOWN_THREAD:
-            # The server ended it first (its idle-transaction limit, a frozen consumer thawed).
-            logger.debug("Database session %s had already ended.", sid)
-            return True
-        logger.warning("Could not end database session %s: %s", sid, exc)
-        return False
+        if not (exc.args and exc.args[0] == MYSQL_UNKNOWN_THREAD):
+            logger.warning("Could not end database session %s: %s", sid, exc)
+            return False
+        ended = False
     finally:
         connection.close()
+    if not ended:
+        logger.debug("Database session %s had already ended.", sid)
+    return ended

@@ -39,6 +39,112 @@ from .holding import HeldReceiver
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
+# -- the test's own time: waits end with it, not with a budget of their own ----------------
+
+# Seconds of a test's timeout (pytest-timeout) kept for its teardown once its waits gave up.
+TEARDOWN_MARGIN = 15
+# When no timeout is configured at all.
+DEFAULT_TEST_TIMEOUT = 300
+_test_deadline = time.monotonic() + DEFAULT_TEST_TIMEOUT - TEARDOWN_MARGIN
+
+
+def timeout_of(item: pytest.Item) -> float:
+    """The item's pytest-timeout: its marker, else --timeout, else the ini's ``timeout``."""
+    marker = item.get_closest_marker("timeout")
+    if marker is not None and (marker.args or "timeout" in marker.kwargs):
+        value = marker.kwargs.get("timeout", marker.args[0] if marker.args else None)
+    else:
+        value = item.config.getoption("timeout", None) or item.config.getini("timeout")
+    return float(value or 0) or DEFAULT_TEST_TIMEOUT
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    global _test_deadline
+    _test_deadline = time.monotonic() + max(timeout_of(item) - TEARDOWN_MARGIN, 1)
+
+
+def time_left() -> float:
+    """Seconds until this test's waits must give up (its timeout, less the teardown's share)."""
+    return max(_test_deadline - time.monotonic(), 0.0)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float | None = None, interval: float = 0.05) -> None:
+    """Poll until ``predicate()`` holds: an event, not a budget.
+
+    Without ``timeout`` the wait lasts as long as the test's own timeout
+    allows, so a loaded machine makes it slower but does not fail it; give
+    ``timeout`` only where the budget itself is what the test proves.
+    """
+    started = time.monotonic()
+    deadline = min(_test_deadline, started + timeout) if timeout is not None else _test_deadline
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {time.monotonic() - started:.0f}s waiting for {predicate}")
+        time.sleep(interval)
+
+
+def finish(thread: threading.Thread) -> None:
+    """Join ``thread`` within the test's own time, and fail if it is still running."""
+    thread.join(time_left())
+    assert not thread.is_alive(), f"{thread.name} did not finish"
+
+
+# -- the temp dir: one per run, and what a test leaves there is an error --------------------
+
+# pytest's own tmp_path folders: it manages them (and they go with the run's folder).
+PYTEST_TEMP = "pytest-of-"
+_run_temp: Path | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Give the run a temp dir of its own, its child processes too (redis-server, consumers,
+    Chromium), so what the tests leave there is seen, whoever else uses the machine's."""
+    global _run_temp
+    if _run_temp is None:
+        _run_temp = Path(tempfile.mkdtemp(prefix="order-timeout-tests-"))
+        tempfile.tempdir = str(_run_temp)
+        os.environ["TMPDIR"] = str(_run_temp)
+
+
+def left_in_temp() -> set[str]:
+    assert _run_temp is not None
+    return {name for name in os.listdir(_run_temp) if not name.startswith(PYTEST_TEMP)}
+
+
+@pytest.fixture(autouse=True)
+def leaves_the_temp_dir_as_it_found_it() -> Iterator[None]:
+    """A test removes every temp file and folder it made (its servers', its browser's, its own)."""
+    before = left_in_temp()
+    yield
+    left = left_in_temp() - before
+    for name in left:
+        remove(_run_temp / name)  # type: ignore[operator]
+    assert not left, f"the test left {sorted(left)} in the temp dir"
+
+
+def remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The run's temp dir goes; anything in it but pytest's own folders fails the run."""
+    if _run_temp is None or not _run_temp.exists():
+        return
+    left = sorted(left_in_temp())
+    shutil.rmtree(_run_temp, ignore_errors=True)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"ERROR: the tests left {left} in the temp dir", red=True)
+            reporter.stats.setdefault("left in the temp dir", []).extend(left)  # on the result line
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @pytest.fixture(autouse=True)
 def redis_client() -> Iterator[Any]:
     """The queue's Redis, emptied before each test."""
@@ -163,10 +269,15 @@ def database_url() -> str:
 
 
 class ConsumerProcess:
-    """``manage.py run_timeout_consumer`` in its own process, on the test database."""
+    """``manage.py run_timeout_consumer`` in its own process, on the test database.
+
+    Its output is read as it comes, into ``out`` and ``err`` (a pipe left
+    full would stall a chatty consumer mid-test).
+    """
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        full_env = {**os.environ, "DATABASE_URL": database_url(),
+        # Unbuffered: a test waits on its lines (its banner) as they are written.
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "DATABASE_URL": database_url(),
                     "ORDER_TIMEOUT_ORDER_MODEL": order_settings.ORDER_MODEL,
                     "ORDER_TIMEOUT_REDIS_ALIAS": order_settings.REDIS_ALIAS,
                     "ORDER_TIMEOUT_SHARDS": str(order_settings.SHARDS), **(env or {})}
@@ -175,18 +286,52 @@ class ConsumerProcess:
             cwd=PROJECT_ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True,
         )
+        self._out: list[str] = []
+        self._err: list[str] = []
+        self._readers = [threading.Thread(target=self._read, args=(stream, lines), daemon=True)
+                         for stream, lines in ((self.proc.stdout, self._out), (self.proc.stderr, self._err))]
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _read(stream: Any, lines: list[str]) -> None:
+        with stream:
+            for line in stream:
+                lines.append(line)
+
+    @property
+    def out(self) -> str:
+        return "".join(self._out)
+
+    @property
+    def err(self) -> str:
+        return "".join(self._err)
 
     def signal(self, signum: int) -> None:
         self.proc.send_signal(signum)
 
-    def wait(self, timeout: float = 60) -> tuple[int, str, str]:
-        out, err = self.proc.communicate(timeout=timeout)
-        return self.proc.returncode, out, err
+    def wait_until(self, predicate: Callable[[], bool]) -> None:
+        """Wait for ``predicate`` while the process runs; fail at once, with its output, if it exits."""
+        wait_for(lambda: predicate() or self.proc.poll() is not None)
+        if not predicate():
+            raise AssertionError(f"the consumer exited ({self.proc.returncode}) first:\n{self.err}")
+
+    def wait(self) -> tuple[int, str, str]:
+        """Its exit status and output, once it has exited (within the test's own time)."""
+        try:
+            self.proc.wait(time_left())
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the consumer is still running:\n{self.err}") from None
+        for reader in self._readers:
+            reader.join()
+        return self.proc.returncode, self.out, self.err
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
-            self.proc.communicate()
+        self.proc.wait()
+        for reader in self._readers:
+            reader.join()
 
 
 @pytest.fixture
@@ -206,22 +351,14 @@ def consumer_process() -> Iterator[Callable[..., ConsumerProcess]]:
 @contextmanager
 def running(worker: Consumer, target: Callable[[], Any] | None = None) -> Iterator[threading.Thread]:
     """Run ``worker`` (or ``target``) in a thread for the block; stop it and check it stopped."""
-    thread = threading.Thread(target=target or worker.run)
+    thread = threading.Thread(target=target or worker.run, name="the consumer")
     thread.start()
     try:
         yield thread
     finally:
         worker.request_stop()
-        thread.join(10)
+        thread.join(time_left())
     assert not thread.is_alive(), "the consumer did not stop"
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 30, interval: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
-        time.sleep(interval)
 
 
 def free_port() -> int:
@@ -231,7 +368,11 @@ def free_port() -> int:
 
 
 class PrivateRedis:
-    """A redis-server of the test's own, so a test can stop and restart it."""
+    """A redis-server of the test's own, so a test can stop and restart it.
+
+    Its working folder is made by ``start()`` and removed by ``stop()``: it
+    holds no data (no RDB, no AOF), so a restart begins empty either way.
+    """
 
     def __init__(self, *arguments: str, port: int | None = None) -> None:
         self.port = port or free_port()
@@ -239,23 +380,27 @@ class PrivateRedis:
         # More redis-server arguments: a password, TLS, a replica's --replicaof.
         self.arguments = arguments
         self.proc: subprocess.Popen[bytes] | None = None
+        self.directory: str | None = None
 
     def start(self) -> None:
         binary = shutil.which("redis-server")
         assert binary, "redis-server is not installed (see README)"
         tls = "--tls-port" in self.arguments
+        self.directory = self.directory or tempfile.mkdtemp(prefix="redis-")
         self.proc = subprocess.Popen(
             [binary, "--port", "0" if tls else str(self.port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", tempfile.mkdtemp(prefix="redis-"),
-             *self.arguments],
+             "--save", "", "--appendonly", "no", "--dir", self.directory, *self.arguments],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        wait_for(self._answers, timeout=10)
+        wait_for(self._answers)
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(10)
+            self.proc.wait(time_left())
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self.directory = None
 
     def _answers(self) -> bool:
         try:

@@ -1,8 +1,15 @@
-"""Reading order rows the same way whatever the model: its declared statuses, not raw values."""
+"""Reading order rows the same way whatever the model (its declared statuses, not raw values),
+the queue's Redis state whatever the shards, the statements that differ between MariaDB and
+PostgreSQL, and a Redis client that records its own round trips."""
 
 from __future__ import annotations
 
+import threading
+from dataclasses import dataclass, field
 from typing import Any
+
+from redis.connection import Connection, ConnectionPool
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from order_timeout.models import TimeoutOrderMixin
 from testproject.shop.models import Expiry
@@ -38,16 +45,27 @@ def expiries(order: Any) -> int:
     return Expiry.objects.filter(order_id=str(order.pk), model=type(order)._meta.label).count()
 
 
+# MariaDB serves INNODB_TRX from a cache it refreshes only when nobody read it in the last
+# 100 ms: a wait that polls it more often reads the same stale answer for ever.
+INNODB_TRX_POLL = 0.25
+
+
 def lock_waits() -> int:
-    """Transactions of the test database waiting for a row lock right now."""
+    """Transactions of the test database waiting for a row lock right now.
+
+    Of this database only: other test runs share the server, and their lock waits are not ours.
+    Poll it with ``INNODB_TRX_POLL``, not faster (see there).
+    """
     from django.db import connection
 
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+            cursor.execute("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                           "WHERE NOT l.granted AND a.datname = current_database()")
         else:
-            cursor.execute("SELECT COUNT(*) FROM information_schema.INNODB_TRX "
-                           "WHERE trx_state = 'LOCK WAIT'")
+            cursor.execute("SELECT COUNT(*) FROM information_schema.INNODB_TRX t "
+                           "JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
+                           "WHERE t.trx_state = 'LOCK WAIT' AND p.DB = DATABASE()")
         return int(cursor.fetchone()[0])
 
 
@@ -123,6 +141,34 @@ def end_own_session() -> None:
             cursor.execute(f"KILL {int(cursor.fetchone()[0])}")
 
 
+def session_exists(sid: Any) -> bool:
+    """Whether the server still has the session ``sid`` (MySQL thread id, PostgreSQL backend pid)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [sid])
+        else:
+            cursor.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %s", [sid])
+        return bool(cursor.fetchone()[0])
+
+
+def open_transactions_elsewhere() -> int:
+    """Transactions of the test database open in other sessions right now (a killed process's, until
+    the server has rolled it back). Poll it with ``INNODB_TRX_POLL``, not faster."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND pid <> pg_backend_pid() AND xact_start IS NOT NULL")
+        else:
+            cursor.execute("SELECT COUNT(*) FROM information_schema.INNODB_TRX t "
+                           "JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
+                           "WHERE p.DB = DATABASE() AND p.ID <> CONNECTION_ID()")
+        return int(cursor.fetchone()[0])
+
+
 def session_limits() -> tuple:
     """This thread's session's time limits, as the server holds them."""
     from django.db import connection
@@ -155,3 +201,103 @@ def rename_table(old: str, new: str) -> None:
             cursor.execute(f"ALTER TABLE {old} RENAME TO {new}")
         else:
             cursor.execute(f"RENAME TABLE {old} TO {new}")
+
+
+# -- a Redis client that records its own round trips -------------------------------------------
+#
+# Server-wide figures (INFO commandstats) count every client of a shared server; these count
+# only what one client sent, as it sent it, to the real server.
+
+# Commands named with their subcommand ("CLIENT SETINFO", "SCRIPT LOAD").
+_CONTAINERS = {"CLIENT", "SCRIPT", "CONFIG", "COMMAND"}
+
+
+def command_names(packed: bytes) -> tuple[str, ...]:
+    """The names of the commands in a packed (RESP) request, in order."""
+    names: list[str] = []
+    at = 0
+    while at < len(packed):
+        end = packed.index(b"\r\n", at)
+        count, at = int(packed[at + 1:end]), end + 2
+        words: list[bytes] = []
+        for _ in range(count):
+            end = packed.index(b"\r\n", at)
+            size, at = int(packed[at + 1:end]), end + 2
+            words.append(packed[at:at + size])
+            at += size + 2
+        name = words[0].decode().upper()
+        if name in _CONTAINERS and len(words) > 1:
+            name += " " + words[1].decode().upper()
+        names.append(name)
+    return tuple(names)
+
+
+@dataclass
+class RoundTrip:
+    """Commands written to the server at once (one command, or a pipeline), and how it ended."""
+
+    commands: tuple[str, ...]
+    thread: str
+    # Sent while connecting (HELLO, AUTH, SELECT, CLIENT SETINFO), not asked for by the caller.
+    handshake: bool
+    socket_timeout: float | None
+    # "sent", then "answered", "timed out", or the error's class name ("NoScriptError").
+    outcome: str = "sent"
+
+
+@dataclass
+class Traffic:
+    """Every round trip of the connections made by ``recording_pool`` with it."""
+
+    trips: list[RoundTrip] = field(default_factory=list)
+
+    def asked(self) -> list[RoundTrip]:
+        """The round trips the callers asked for (connection handshakes left out)."""
+        return [trip for trip in list(self.trips) if not trip.handshake]
+
+
+class RecordingConnection(Connection):
+    """A connection to the real server that records each round trip in its ``traffic``."""
+
+    def __init__(self, *args: Any, traffic: Traffic, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.traffic = traffic
+        self._handshaking = False
+        self._last: RoundTrip | None = None
+
+    def on_connect_check_health(self, check_health: bool = True) -> None:
+        self._handshaking = True
+        try:
+            super().on_connect_check_health(check_health=check_health)
+        finally:
+            self._handshaking = False
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        parts = [command] if isinstance(command, (bytes, str, memoryview)) else command
+        packed = b"".join(part.encode() if isinstance(part, str) else bytes(part) for part in parts)
+        trip = RoundTrip(command_names(packed), threading.current_thread().name, self._handshaking,
+                         self.socket_timeout)
+        self.traffic.trips.append(trip)
+        self._last = trip
+        super().send_packed_command(command, check_health=check_health)
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        trip = self._last
+        try:
+            response = super().read_response(*args, **kwargs)
+        except RedisTimeoutError:
+            if trip is not None:
+                trip.outcome = "timed out"
+            raise
+        except Exception as exc:
+            if trip is not None:
+                trip.outcome = type(exc).__name__
+            raise
+        if trip is not None and trip.outcome == "sent":
+            trip.outcome = "answered"
+        return response
+
+
+def recording_pool(url: str, traffic: Traffic, **kwargs: Any) -> ConnectionPool:
+    """A pool of ``RecordingConnection`` to ``url`` (extra keywords as ``ConnectionPool.from_url``)."""
+    return ConnectionPool.from_url(url, connection_class=RecordingConnection, traffic=traffic, **kwargs)

@@ -19,13 +19,17 @@ class HeldReceiver:
     release: threading.Event = field(default_factory=threading.Event)
 
     def __call__(self, sender: Any, order: Any, **kwargs: Any) -> None:
+        from .conftest import time_left
+
         self.inside.set()
-        self.release.wait(60)
+        self.release.wait(time_left())
 
 
 @contextmanager
 def row_locked_elsewhere(model: Any, pk: Any) -> Iterator[None]:
     """Another connection holds ``pk``'s row lock (a payment in flight, a long transaction)."""
+    from .conftest import finish, time_left, wait_for
+
     locked, release = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -33,15 +37,16 @@ def row_locked_elsewhere(model: Any, pk: Any) -> Iterator[None]:
             with transaction.atomic():
                 model.objects.select_for_update().get(pk=pk)
                 locked.set()
-                release.wait(20)
+                release.wait(time_left())
         finally:
             connection.close()
 
-    holder = threading.Thread(target=hold)
+    holder = threading.Thread(target=hold, name="a transaction holding the row")
     holder.start()
     try:
-        assert locked.wait(10)
+        wait_for(lambda: locked.is_set() or not holder.is_alive())
+        assert locked.is_set(), "the row could not be locked"
         yield
     finally:
         release.set()
-        holder.join(10)
+        finish(holder)

@@ -5,28 +5,39 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
+from collections import Counter
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
+from django.conf import settings as django_settings
 from django.db import connection, connections, transaction
 from django.utils import timezone
+from redis import Redis
 
 from order_timeout import schedule
 from order_timeout.codec import deadline_score, now_score
+from order_timeout.conf import settings as order_settings
 from order_timeout.consumer import Consumer
 from order_timeout.exceptions import OrderClosed
 from order_timeout.models import Order
+from order_timeout.queue import TimeoutQueue
 from order_timeout.signals import orders_expired
 from testproject.shop.models import Expiry, Purchase
 
-from .conftest import Clock, both_models, both_redis, running, wait_for
+from .conftest import Clock, both_models, both_redis, finish, running, wait_for
 from .helpers import (
+    INNODB_TRX_POLL,
+    Traffic,
     claim_everywhere,
     claim_next,
     end_own_session,
     expiries,
     leased_members,
+    lock_waits,
     pending_count,
+    recording_pool,
     score_of,
     set_state,
     state,
@@ -260,7 +271,7 @@ def test_lost_database_connection_is_logged_and_retried(make_order, receiver, se
 
     worker = Consumer(max_wait=0.05)
     with caplog.at_level(logging.WARNING, logger="order_timeout"), running(worker):
-        wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed", timeout=20)
+        wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed")
 
     assert kills and worker.stats.failed == 1
     assert "close failed" in caplog.text and "attempt=1" in caplog.text
@@ -281,7 +292,7 @@ def test_consumer_survives_the_database_going_away(make_order, caplog):
 
     with caplog.at_level(logging.WARNING, logger="order_timeout"), \
             running(worker, target=run_against_a_dead_database):
-        wait_for(lambda: worker.stats.errors >= 2, timeout=20)
+        wait_for(lambda: worker.stats.errors >= 2)
 
     # One line per backoff step, with its cause, and no traceback: an outage is expected.
     failures = [r for r in caplog.records if "batch failed" in r.getMessage()]
@@ -321,10 +332,10 @@ def test_lost_redis_is_logged_and_retried_until_it_returns(private_redis, make_o
     private_redis.stop()
     worker = Consumer(max_wait=0.05)
     with caplog.at_level(logging.WARNING, logger="order_timeout"), running(worker):
-        wait_for(lambda: worker.stats.errors >= 2, timeout=20)
+        wait_for(lambda: worker.stats.errors >= 2)
         private_redis.start()
         schedule([order])  # an empty Redis came back; the rebuild scan would do this
-        wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed", timeout=20)
+        wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed")
 
     assert "Redis failed" in caplog.text
 
@@ -356,17 +367,23 @@ def test_reschedule_keeps_an_earlier_deadline_set_meanwhile(consumer, make_order
     assert score_of(queue, member) == deadline_score(sooner)
 
 
-def test_once_stops_at_what_was_due_when_it_started(consumer, make_order, clock):
+def test_once_stops_at_what_was_due_when_it_started(consumer, make_order, queue, clock):
+    """Its cutoff is its first reading of the clock: what falls due while it runs waits for the
+    next run, so a steady stream of deadlines cannot keep it going."""
     due_now = [make_order(in_seconds=-1) for _ in range(4)]
-    due_soon = [make_order(in_seconds=s) for s in (0.5, 1.5, 2.5, 3.5)]
+    # Due 0.5 s to 3.5 s after that first reading (the clock reads one second on, below).
+    due_soon = [make_order(in_seconds=s) for s in (1.5, 2.5, 3.5, 4.5)]
 
     def ticking():  # every reading of the clock is one second later
         return clock.advance(1)
 
-    consumer(now=ticking, batch_size=2).run(once=True)
+    stats = consumer(now=ticking, batch_size=2).run(once=True)
 
-    assert all(Order.objects.get(pk=o.pk).status == "closed" for o in due_now)
-    assert any(Order.objects.get(pk=o.pk).status == "unpaid" for o in due_soon)
+    assert [state(o) for o in due_now] == ["closed"] * 4
+    # Never claimed (not even to be put back): still waiting, at their own deadlines.
+    assert (stats.claimed, stats.batches, stats.closed, stats.rescheduled) == (4, 2, 4, 0)
+    assert [state(o) for o in due_soon] == ["unpaid"] * 4
+    assert [score_of(queue, str(o.pk)) for o in due_soon] == [deadline_score(o.expires_at) for o in due_soon]
 
 
 @both_models
@@ -375,9 +392,9 @@ def test_payment_racing_a_close_waits_for_the_lock_and_is_refused(make_order, or
     order = make_order(in_seconds=-1)
 
     worker = Consumer()
-    consumer_thread = threading.Thread(target=worker.run, kwargs={"once": True})
+    consumer_thread = threading.Thread(target=worker.run, kwargs={"once": True}, name="the consumer")
     consumer_thread.start()
-    assert held_receiver.inside.wait(10)
+    wait_for(held_receiver.inside.is_set)
     payment: list[object] = []
 
     def pay():
@@ -385,42 +402,93 @@ def test_payment_racing_a_close_waits_for_the_lock_and_is_refused(make_order, or
             payment.append(order_model.objects.get(pk=order.pk).mark_paid())
         except OrderClosed as exc:
             payment.append(exc)
+        finally:
+            connection.close()
 
-    payer = threading.Thread(target=pay)
+    payer = threading.Thread(target=pay, name="the payer")
     payer.start()
-    payer.join(0.5)
-    assert payer.is_alive()  # blocked on the row lock the close holds
+    wait_for(lambda: lock_waits() == 1, interval=INNODB_TRX_POLL)  # blocked on the row lock the close holds
+    assert payment == []
     held_receiver.release.set()
-    consumer_thread.join(10)
-    payer.join(10)
+    finish(consumer_thread)
+    finish(payer)
 
     assert isinstance(payment[0], OrderClosed)
     assert state(order) == "closed"
     assert expiries(order) == 1
 
 
-def test_idle_consumer_does_not_busy_loop(redis_client, clock):
-    """With nothing pending it looks once per MAX_WAIT, one round trip each time."""
-    worker = Consumer(max_wait=0.2)
-    before = idle_round_trips(redis_client)
-    with running(worker):
-        threading.Event().wait(1.0)
+def test_idle_consumer_does_not_busy_loop(settings):
+    """With nothing pending it looks once per MAX_WAIT, one round trip each time (docs/settings.md),
+    after learning at start that each shard is empty; whatever other clients of the server do."""
+    traffic = Traffic()
+    client = Redis(connection_pool=recording_pool(settings.CACHES["order_timeout"]["LOCATION"], traffic))
+    shards = order_settings.SHARDS
+    max_wait = 0.2
+    with neighbour_hammering_the_server():
+        started = time.monotonic()
+        worker = Consumer(TimeoutQueue(client, own_key_prefix(), shards), max_wait=max_wait)
+        with running(worker):
+            wait_for(lambda: kinds(traffic)["refresh"] >= 5)
+        elapsed = time.monotonic() - started
+    client.close()
 
-    assert 2 <= idle_round_trips(redis_client) - before <= 8
+    sent = kinds(traffic)
+    refreshes = sent.pop("refresh")
+    # At start: one claim per shard (each empty), the server's version and the wake-up subscription.
+    assert sent == {"claim": shards, "version": 1, "subscribe": 1}
+    # Then one round trip per MAX_WAIT, never sooner.
+    assert refreshes * max_wait <= elapsed, (refreshes, elapsed)
+
+
+def own_key_prefix() -> str:
+    """Keys, and wake-up channels, of the test's own. Pub/sub ignores the database number: other
+    runs on the same server publish on the default prefix's channels, and their wake-ups would
+    make a consumer claim."""
+    return f"{order_settings.KEY_PREFIX}-{uuid.uuid4().hex[:8]}"
+
+
+def kinds(traffic: Traffic) -> Counter[str]:
+    """What an idle consumer's round trips were for; a script loaded once on a server that had
+    none is the one allowance (the claim that found it missing is sent again)."""
+    shards = order_settings.SHARDS
+    known = {("EVALSHA",): "claim", ("ZRANGE",) * (2 * shards): "refresh", ("INFO",): "version",
+             ("SSUBSCRIBE",): "subscribe", ("SUBSCRIBE",): "subscribe"}
+    counted: Counter[str] = Counter()
+    for trip in traffic.asked():
+        if trip.commands == ("SCRIPT LOAD",) or trip.outcome == "NoScriptError":
+            continue
+        counted[known.get(trip.commands, " ".join(trip.commands))] += 1
+    return counted
+
+
+@contextmanager
+def neighbour_hammering_the_server():
+    """Another client of the same Redis server: another test run's claims, reads and pings."""
+    neighbour = Redis.from_url(django_settings.CACHES["order_timeout"]["LOCATION"])
+    stop = threading.Event()
+
+    def hammer():
+        while not stop.is_set():
+            neighbour.zrange("a-neighbours-key", 0, 0)
+            neighbour.eval("return 1", 0)
+            neighbour.ping()
+
+    thread = threading.Thread(target=hammer, name="neighbour")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        finish(thread)
+        neighbour.close()
 
 
 def test_consumer_wakes_at_the_next_deadline_rather_than_after_max_wait(make_order):
+    """MAX_WAIT is an hour: only the deadline can end its sleep within the test."""
     order = make_order(in_seconds=0.3)
-    with running(Consumer(max_wait=30)):
-        wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed", timeout=10)
-
-
-def idle_round_trips(redis_client) -> int:
-    """Claims (one script each) and refreshes (two ZRANGE reads of one shard, pipelined)."""
-    stats = redis_client.info("commandstats")
-    calls = {name: stats.get(f"cmdstat_{name}", {}).get("calls", 0)
-             for name in ("evalsha", "eval", "zrange")}
-    return calls["evalsha"] + calls["eval"] + calls["zrange"] // 2
+    with running(Consumer(max_wait=3600)):
+        wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed")
 
 
 def test_claim_of_ten_thousand_members_is_sliced_and_unique(consumer, queue, clock):
@@ -527,13 +595,13 @@ def test_an_order_whose_row_is_locked_elsewhere_does_not_stall_its_batch(consume
 
 @both_redis
 def test_a_new_earlier_deadline_wakes_a_sleeping_consumer(make_order):
-    """Nothing pending: the consumer sleeps MAX_WAIT (30 s), yet closes a 0.2 s order at once."""
-    worker = Consumer(max_wait=30)
+    """Nothing pending: the consumer sleeps MAX_WAIT (an hour), yet closes a 0.2 s order at once."""
+    worker = Consumer(max_wait=3600)
     with running(worker):
-        wait_for(lambda: worker._listener is not None and worker._listener.subscribed, timeout=10)
-        threading.Event().wait(0.2)  # asleep now
+        # Listening: it made its listener as it went to sleep.
+        wait_for(lambda: worker._listener is not None and worker._listener.subscribed)
         order = make_order(in_seconds=0.2)
-        wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed", timeout=10)
+        wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed")
 
 
 @pytest.mark.parametrize("window, batches", [(0.15, [1]), (0.0, [2, 3])], ids=["window", "no-window"])
@@ -542,9 +610,9 @@ def test_a_sleeping_consumer_closes_the_deadlines_within_its_batch_window_in_one
     """Three deadlines 40 ms apart: with a window of 150 ms, one batch (and so one
     transaction); without, a batch per deadline. None closes before its deadline."""
     orders = [make_order(in_seconds=1.0 + 0.04 * i) for i in range(3)]
-    worker = Consumer(max_wait=30, batch_window=window)
+    worker = Consumer(max_wait=3600, batch_window=window)
     with running(worker):
-        wait_for(lambda: Order.objects.filter(status="closed").count() == 3, timeout=10)
+        wait_for(lambda: Order.objects.filter(status="closed").count() == 3)
 
     assert worker.stats.batches in batches and worker.stats.closed == 3
     for order in orders:
@@ -552,7 +620,8 @@ def test_a_sleeping_consumer_closes_the_deadlines_within_its_batch_window_in_one
         assert order.closed_at >= order.expires_at
 
 
-def test_scheduling_publishes_a_wake_up_only_for_a_new_earliest_deadline(queue, redis_client, clock):
+def test_scheduling_publishes_a_wake_up_only_for_a_new_earliest_deadline(redis_client, clock):
+    queue = TimeoutQueue(redis_client, own_key_prefix(), 1)  # its channel heard by this test alone
     pubsub = redis_client.pubsub(ignore_subscribe_messages=True)
     pubsub.ssubscribe(queue.shards[0].keys.wake)
     now = now_score(clock())

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
 from datetime import timedelta
 
 import pytest
-from django.db import OperationalError, connection, transaction
+from django.db import DatabaseError, OperationalError, connection, connections, transaction
 from django.utils import timezone
 
 from order_timeout import unschedule
@@ -17,14 +18,14 @@ from order_timeout.codec import now_score
 from order_timeout.compensation import compensate
 from order_timeout.conf import settings as order_settings
 from order_timeout.consumer import Consumer
-from order_timeout.dbsession import end_session, session_id
+from order_timeout.dbsession import end_session, limit_session, session_id
 from order_timeout.deadletters import close_now
 from order_timeout.exceptions import OrderClosed
 from order_timeout.leaseguard import LeaseGuard
 from order_timeout.models import DeadLetter, Order
 from order_timeout.stuck import EXIT_STUCK
 
-from .conftest import both_models, running, wait_for
+from .conftest import both_models, finish, running, wait_for
 from .helpers import (
     claim_everywhere,
     count_in,
@@ -32,6 +33,7 @@ from .helpers import (
     keys_for,
     leased_members,
     pending_count,
+    session_exists,
     session_limits,
     set_isolation_level,
     set_state,
@@ -84,7 +86,7 @@ def test_a_receiver_that_kills_or_hangs_its_consumer_is_dead_lettered_after_max_
 
     codes = []
     for _ in range(8):
-        code, _, err = consumer_process("--once", "--batch-size", "10", env=env).wait(timeout=60)
+        code, _, err = consumer_process("--once", "--batch-size", "10", env=env).wait()
         codes.append(code)
         if code == 0:
             break
@@ -142,11 +144,11 @@ def test_a_hung_receiver_releases_its_row_locks_within_the_lease_and_a_payment_g
 
     worker = Consumer(max_wait=0.05)
     with running(worker):
-        assert held_receiver.inside.wait(20)
+        wait_for(held_receiver.inside.is_set)
         # Waits for the close's row lock, which the lease bound ends.
         paid = order_model.objects.get(pk=order.pk).mark_paid()
         held_receiver.release.set()
-        wait_for(lambda: pending_count(queue) == 0 and leased_members(queue) == [], timeout=20)
+        wait_for(lambda: pending_count(queue) == 0 and leased_members(queue) == [])
 
     assert paid is True and state(order) == "paid"
     assert expiries(order) == 0
@@ -161,7 +163,7 @@ def test_a_batch_that_finished_as_its_lease_ran_out_keeps_its_session(queue):
         pass
     late = threading.Thread(target=guard._give_up, args=(batch,))  # the guard thread, a moment late
     late.start()
-    late.join(10)
+    finish(late)
 
     with connection.cursor() as cursor:  # the next statement on it: a dead letter's INSERT, say
         cursor.execute("SELECT 1")
@@ -188,15 +190,15 @@ def test_a_receiver_hung_outside_a_consumer_releases_its_row_locks_within_the_le
     settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "LEASE_SECONDS": 2}
     order = make_order(in_seconds=-600)
 
-    closer = threading.Thread(target=lambda: close_quietly(close, order))
+    closer = threading.Thread(target=lambda: close_quietly(close, order), name="the closer")
     closer.start()
     try:
-        assert held_receiver.inside.wait(20)
+        wait_for(held_receiver.inside.is_set)
         # Waits for the close's row lock, which LEASE_SECONDS bounds.
         paid = order_model.objects.get(pk=order.pk).mark_paid()
     finally:
         held_receiver.release.set()
-        closer.join(30)
+        finish(closer)
 
     assert paid is True and state(order) == "paid"
     assert expiries(order) == 0
@@ -270,9 +272,10 @@ def test_paying_an_order_closed_meanwhile_raises_order_closed_under_any_isolatio
                and isolation_level == "REPEATABLE READ" else OrderClosed)
     with transaction.atomic():
         copy = order_model.objects.get(pk=order.pk)  # the shop read it first: a snapshot
-        closer = threading.Thread(target=lambda: (Consumer().run(once=True), connection.close()))
+        closer = threading.Thread(target=lambda: (Consumer().run(once=True), connection.close()),
+                                  name="the closer")
         closer.start()
-        closer.join(30)
+        finish(closer)
         with pytest.raises(refused):
             with transaction.atomic():
                 copy.mark_paid()
@@ -283,10 +286,51 @@ def test_paying_an_order_closed_meanwhile_raises_order_closed_under_any_isolatio
     assert state(order) == "closed"
 
 
-def test_ending_a_session_the_server_ended_already_is_no_warning(caplog):
-    """A frozen consumer thawed: its guard's KILL finds the session gone (idle-transaction limit)."""
-    with caplog.at_level(logging.DEBUG, logger="order_timeout"):
-        ended = end_session("default", 2**31 - 1)
+def another_session():
+    """A second session of the test database, on a connection of its own."""
+    other = connections.create_connection("default")
+    other.ensure_connection()
+    return other
 
+
+def close_quietly_after(other) -> None:
+    with contextlib.suppress(DatabaseError):
+        other.close()
+
+
+def test_ending_a_live_session_ends_it_and_says_so():
+    """What the lease guard does to a batch that overran: the session and its row locks go."""
+    other = another_session()
+    sid = session_id(other)
+    try:
+        ended = end_session("default", sid)
+
+        wait_for(lambda: not session_exists(sid))
+    finally:
+        close_quietly_after(other)
     assert ended is True
-    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_ending_a_session_the_server_ended_already_is_no_warning(caplog):
+    """A frozen consumer thawed: its guard's KILL finds the session gone (idle-transaction limit).
+
+    Nothing was ended by that call, and it says so (False) the same on both vendors: MariaDB's
+    KILL fails with "Unknown thread id", PostgreSQL's pg_terminate_backend() returns false.
+    """
+    other = another_session()
+    sid = session_id(other)
+    try:
+        limit_session(other, 1)
+        other.set_autocommit(False)
+        with other.cursor() as cursor:  # a transaction left idle: the server ends it after a second
+            cursor.execute(f"SELECT COUNT(*) FROM {Order._meta.db_table}")
+        wait_for(lambda: not session_exists(sid))
+
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="order_timeout"):
+            ended = end_session("default", sid)
+    finally:
+        close_quietly_after(other)
+
+    assert ended is False
+    assert [r.getMessage() for r in caplog.records] == [f"Database session {sid} had already ended."]

@@ -94,16 +94,30 @@ fi
 stamp="$VENV/.installed-$(sha1sum pyproject.toml | cut -c1-12)-${EXTRAS//,/-}-${DEP_GROUPS// /-}-${DJANGO:-any}-${EXTRA_PACKAGES:-}-${PIP_UPGRADE:-0}"
 stamp=${stamp//[^A-Za-z0-9._\/=-]/_}
 if [ ! -f "$stamp" ]; then
-  step "installing the project into $VENV ($("$PYTHON" --version))"
+  step "installing the project into $VENV ($("$PYTHON" --version)): about a minute the first time"
+  started_at=$SECONDS
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
   # 25.1 or later: dependency groups (--group).
+  echo "upgrading pip"
   "$VENV/bin/python" -m pip install -q --upgrade "pip>=25.1"
   group_args=()
   for group in $DEP_GROUPS; do group_args+=(--group "$group"); done
+  # pip's own progress, a line per package (its errors go to stderr, unfiltered), and a
+  # line every 15 s while it installs the wheels, which it does without a word.
+  ( trap 'kill $! 2>/dev/null; exit 0' TERM
+    while :; do sleep 15 & wait $!; echo "  still installing ($((SECONDS - started_at)) s)"; done ) &
+  heartbeat=$!
   upgrade=()
   [ "${PIP_UPGRADE:-0}" = 1 ] && upgrade=(--upgrade --upgrade-strategy eager)
-  "$VENV/bin/python" -m pip install -q "${upgrade[@]}" -e ".[$EXTRAS]" "${group_args[@]}" \
-    ${DJANGO:+"Django$DJANGO"} ${EXTRA_PACKAGES:-}
+  pip_status=0
+  ( set -o pipefail
+    PYTHONUNBUFFERED=1 "$VENV/bin/python" -m pip install --progress-bar off "${upgrade[@]}" -e ".[$EXTRAS]" \
+      "${group_args[@]}" ${DJANGO:+"Django$DJANGO"} ${EXTRA_PACKAGES:-} \
+      | sed -u -n -E 's/^(Collecting|Installing collected packages|Successfully installed)/  \1/p' ) \
+    || pip_status=$?
+  kill "$heartbeat" 2>/dev/null || true
+  wait "$heartbeat" 2>/dev/null || true
+  [ "$pip_status" = 0 ] || { echo "pip install failed (exit $pip_status)" >&2; exit "$pip_status"; }
   rm -f "$VENV"/.installed-*
   touch "$stamp"
 fi
