@@ -314,12 +314,15 @@ def browser():
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
+    # Chromium's profile and the singleton folder it makes in TMPDIR both go in here, and
+    # leave with it.
+    with tempfile.TemporaryDirectory(prefix="chromium-") as scratch:
         for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                      "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                     "--no-first-run", "--window-size=1280,1500", f"--user-data-dir={profile}"):
+                     "--no-first-run", "--window-size=1280,1500", f"--user-data-dir={scratch}/profile"):
             options.add_argument(flag)
-        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+        service = Service(CHROMEDRIVER, env={**os.environ, "TMPDIR": scratch})
+        driver = webdriver.Chrome(service=service, options=options)
         driver.implicitly_wait(5)
         try:
             yield driver

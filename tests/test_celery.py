@@ -61,12 +61,12 @@ def test_django_celery_beat_periodic_task_is_installed_once_and_follows_the_sett
 
 
 @pytest.fixture
-def celery_worker(redis_client) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+def celery_worker(redis_client, tmp_path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
     """Start ``celery -A testproject worker`` on the test database and the test Redis."""
     started: list[subprocess.Popen[str]] = []
 
     def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        workdir = Path(tempfile.mkdtemp())
+        workdir = Path(tempfile.mkdtemp(dir=tmp_path))
         proc = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "testproject", "worker", "--pool=solo",
              "--concurrency=1", "--loglevel=INFO", "--without-gossip", "--without-mingle",

@@ -189,7 +189,10 @@ def test_redis_flushed_rebuild_restores_reminders_and_they_are_sent(settings, qu
 
     assert result.reminders_restored == 2 + 2 + 1  # soon: 2, later: 2, sent_before: its 45 s one
     assert sorted(emails()) == sorted([(str(soon.pk), 45.0), (str(soon.pk), 60.0)])
-    assert reminder_queue(queue).stats(deadline_score(timezone.now())).pending == 3
+    waiting = reminder_queue(queue).positions([
+        reminder_member(Order, later.pk, 60_000), reminder_member(Order, later.pk, 45_000),
+        reminder_member(Order, sent_before.pk, 45_000), reminder_member(Order, sent_before.pk, 60_000)])
+    assert [where.pending_ms is not None for where in waiting.values()] == [True, True, True, False]
 
 
 def test_the_beat_scan_puts_back_a_missed_reminder_whose_deadline_is_ahead(settings, queue):
