@@ -32,6 +32,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--no-scale", action="store_true",
                         help="Skip the bulk schedule() and the Redis Cluster bursts.")
+    parser.add_argument("--compare", metavar="REF",
+                        help="Also run this project's row on the code of git ref REF (a worktree), "
+                             "right after it, and report new/old ratios.")
     args = parser.parse_args(argv)
     unknown = set(args.systems.split(",")) - set(SYSTEMS)
     if unknown:
@@ -58,6 +61,19 @@ def machine() -> dict[str, Any]:
         "database": database, "redis": get_redis_connection("order_timeout").info()["redis_version"],
         "django": __import__("django").get_version(),
     }
+
+
+def _commit() -> str:
+    """The commit the run measured (a '+' when the checkout had changes): docs name their run."""
+    import subprocess
+
+    from .systems import ROOT
+
+    sha = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=ROOT, capture_output=True,
+                         text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    return sha + ("+" if dirty else "")
 
 
 def main(argv: list[str]) -> int:
@@ -93,9 +109,20 @@ def main(argv: list[str]) -> int:
     call_command("migrate", verbosity=0)
     args.out.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
+    from order_timeout.conf import settings as order_settings
+
     data: dict[str, Any] = {"quick": args.quick, "machine": machine(), "sizes": sizes.__dict__,
-                            "systems": {}, "errors": {}}
+                            "systems": {}, "errors": {}, "batch_window_ms": 1000 * order_settings.BATCH_WINDOW,
+                            "commit": _commit()}
     chosen = [SYSTEMS[name] for name in args.systems.split(",")]
+    if args.compare:
+        from . import compare
+
+        tree, sha = compare.checkout(args.compare)
+        data["compare"] = {"ref": args.compare, "sha": sha}
+        # Alternating: the ref's row right after ours, so both meet the same machine.
+        at = chosen.index(SYSTEMS["ours"]) + 1 if SYSTEMS["ours"] in chosen else len(chosen)
+        chosen.insert(at, compare.at_ref(SYSTEMS["ours"], tree, args.compare, sha))
 
     workloads.reset()
     print("measuring the create transaction ...", flush=True)
@@ -113,22 +140,24 @@ def main(argv: list[str]) -> int:
         print(f"{system.label}: starting {system.closers}", flush=True)
         system.start()
         idle = None
+        timed: dict[str, Any] = {"steady": None, "burst": None}
+        offsets = {"steady": workloads.steady_offsets(sizes), "burst": workloads.burst_offsets(sizes)}
         try:
             if "idle" in system.workloads:
                 print("  idle ...", flush=True)
                 idle = workloads.idle(system, sizes)
                 system.forget_far_future()
-            print("  steady ...", flush=True)
-            steady = workloads.timed(system, "steady", workloads.steady_offsets(sizes), sizes)
-            print("  burst ...", flush=True)
-            burst = workloads.timed(system, "burst", workloads.burst_offsets(sizes), sizes)
+            for kind in ("steady", "burst"):
+                if kind in system.workloads:
+                    print(f"  {kind} ...", flush=True)
+                    timed[kind] = workloads.timed(system, kind, offsets[kind], sizes)
         finally:
             system.stop()
         if system.errors:
             data["errors"][system.name] = system.errors
         data["systems"][system.name] = {
             "label": system.label, "closers": system.closers, "memory": system.memory, "idle": idle,
-            "steady": workloads.results(steady, system), "burst": workloads.results(burst, system),
+            **{kind: phase and workloads.results(phase, system) for kind, phase in timed.items()},
         }
         if os.environ.get("BENCH_KEEP_LOGS") == "1":
             print(f"  closers' logs kept in {record_dir}", flush=True)
@@ -171,15 +200,17 @@ def verdict(data: dict[str, Any]) -> list[str]:
     """What fails the run: anyone closing an order twice; one of our systems (this project on
     either model, or on the cluster) crashing or leaving a workload undrained. Another system
     struggling is a result, not a failure; no timing ever fails it."""
-    failures = [f"{name} {kind}: {s[kind]['closed_twice']} orders closed twice"
-                for name, s in data["systems"].items() for kind in ("steady", "burst")
-                if s[kind]["closed_twice"]]
-    ours = [name for name in data["systems"] if name.startswith("ours")]
+    runs = [(name, kind, s[kind]) for name, s in data["systems"].items() for kind in ("steady", "burst")
+            if s.get(kind)]
+    failures = [f"{name} {kind}: {run['closed_twice']} orders closed twice"
+                for name, kind, run in runs if run["closed_twice"]]
+    failures += [f"{name} {kind}: {run['held_closed']} orders closed while their payment was in flight"
+                 for name, kind, run in runs if run.get("held_closed")]
+    ours = {name for name in data["systems"] if name.startswith(("ours", "floor"))}
     failures += [f"{name}: {len(errors)} consumer error(s)" for name, errors in data["errors"].items()
-                 if name.startswith("ours")]
-    failures += [f"{name} {kind}: {s[kind]['closed']:,} of {s[kind]['orders']:,} orders closed"
-                 for name in ours for kind in ("steady", "burst")
-                 if not (s := data["systems"][name])[kind]["drained"]]
+                 if name in ours]
+    failures += [f"{name} {kind}: {run['closed']:,} of {run['orders']:,} orders closed"
+                 for name, kind, run in runs if name in ours and not run["drained"]]
     failures += [f"cluster burst with {run['shards']} shard(s): {run['closed']:,} of {run['orders']:,} "
                  "orders closed" for run in data.get("cluster") or [] if run["closed"] != run["orders"]]
     return failures

@@ -49,6 +49,10 @@ class System:
     workloads: tuple[str, ...] = ("idle", "steady", "burst")
     # Whether the create-transaction measure applies (it creates order_timeout.Order rows).
     measures_create = True
+    # Share of the burst's orders held by a payment in flight (only ``OursHeld``).
+    held_share = 0.0
+    # Where its closers' code lives: this checkout, or another ref's worktree (``--compare``).
+    root = ROOT
 
     @property
     def model(self) -> Any:
@@ -74,6 +78,10 @@ class System:
     def hold_far_future(self, count: int) -> None:
         """Put ``count`` orders due in an hour into the system (idle workload), cheaply."""
 
+    def hold(self, orders: Sequence[Order]) -> set[int]:
+        """Give some of a burst's orders a payment in flight; their ids (none but for ``OursHeld``)."""
+        return set()
+
     def forget_far_future(self) -> None:
         """Take the idle workload's orders out again, before the timed workloads."""
 
@@ -86,14 +94,14 @@ class System:
         # Persistent connections for every closer: Celery's Django fixup would
         # otherwise reconnect after every task, and that is not what we measure.
         env = {**os.environ, "BENCH": "1", "SHOP_RECORD_EXPIRIES": "0", "CONN_MAX_AGE": "600",
-               "BENCH_RECORD_DIR": str(self.record_dir), "PYTHONPATH": str(ROOT),
+               "BENCH_RECORD_DIR": str(self.record_dir), "PYTHONPATH": str(self.root),
                "ORDER_TIMEOUT_ORDER_MODEL": self.model_label, **self.extra_env}
         for number, command in enumerate(self.commands(), start=len(self.logs)):
             # A file, not a pipe: a chatty closer must never block on a full pipe.
             log = self.record_dir / f"stderr-{number}.log"
             self.logs.append(log)
             with log.open("wb") as err:
-                self.procs.append(subprocess.Popen(command, cwd=ROOT, env=env,
+                self.procs.append(subprocess.Popen(command, cwd=self.root, env=env,
                                                    stdout=subprocess.DEVNULL, stderr=err))
         time.sleep(self.startup_seconds)
 
@@ -161,6 +169,73 @@ class OursShop(Ours):
     extra_env = {"SHOP_RELEASE_STOCK": "0"}
     workloads = ("steady", "burst")
     measures_create = False
+
+
+class OursShopBatch(OursShop):
+    """The same shop close, written by ``orders_expired`` receivers: one INSERT of the batch's
+    status-change rows and one UPDATE of its stock, per batch (docs/existing-model.md)."""
+
+    name, label = ("ours_shop_batch",
+                   "django-order-timeout, shop model, batch receivers (orders_expired)")
+    extra_env = {"SHOP_BATCH_RECEIVERS": "1"}
+
+
+class OursReminders(Ours):
+    """Ours with one reminder per order (``REMINDERS``), falling due among the closes."""
+
+    name, label = "ours_reminders", "django-order-timeout, one reminder per order"
+    # A second before each deadline: the reminders interleave with the closes of the steady
+    # stream, and in the burst all fall due a second before the closes.
+    reminder_seconds = 1.0
+    extra_env = {"ORDER_TIMEOUT_REMINDERS": "1.0"}
+    workloads = ("steady", "burst")
+    measures_create = False
+
+    def enqueue(self, orders: Sequence[Order]) -> None:
+        from django.conf import settings
+        from django.test import override_settings
+
+        with override_settings(ORDER_TIMEOUT={**settings.ORDER_TIMEOUT,
+                                              "REMINDERS": [self.reminder_seconds]}):
+            super().enqueue(orders)
+
+
+class OursHeld(Ours):
+    """Ours with a hold condition, and a tenth of the burst's orders held by a pending payment:
+    what the holds cost the others' closes (held orders stay open, and out of the figures)."""
+
+    name, label = "ours_held", "django-order-timeout, 10 % of the burst held (payment in flight)"
+    held_share = 0.1
+    extra_env = {"ORDER_TIMEOUT_HOLD_CONDITION": "testproject.shop.payments.in_flight"}
+    workloads = ("burst",)
+    measures_create = False
+
+    def hold(self, orders: Sequence[Order]) -> set[int]:
+        from testproject.shop.models import OrderPayment
+
+        held = orders[::round(1 / self.held_share)]
+        OrderPayment.objects.bulk_create([OrderPayment(order=order) for order in held])
+        return {order.pk for order in held}
+
+
+class Floor(System):
+    """The least work that closes a due order here (``bench/floor.py``): what ratios are taken to."""
+
+    name, label = "floor", "floor: Lua claim + one UPDATE per batch, nothing else"
+    closers = "2 processes, batch 500, raw driver"
+    workloads = ("steady", "burst")
+    measures_create = False
+
+    def commands(self) -> list[list[str]]:
+        return [[sys.executable, "-m", "bench.floor"] for _ in range(self.processes)]
+
+    def enqueue(self, orders: Sequence[Order]) -> None:
+        from .floor import FLOOR_KEY
+
+        client = get_redis_connection("order_timeout")
+        for start in range(0, len(orders), CHUNK):
+            client.zadd(FLOOR_KEY, {str(o.pk): deadline_score(o.expires_at)
+                                    for o in orders[start:start + CHUNK] if o.expires_at is not None})
 
 
 class Polling(System):
@@ -263,4 +338,5 @@ def _in_an_hour() -> Any:
 
 
 SYSTEMS: dict[str, type[System]] = {
-    cls.name: cls for cls in (Ours, OursShop, Polling, SeedZset, CeleryEta)}
+    cls.name: cls for cls in (Floor, Ours, OursReminders, OursHeld, OursShop, OursShopBatch, Polling,
+                              SeedZset, CeleryEta)}

@@ -114,6 +114,8 @@ class Phase:
     # The slowest script calls: (time, µs, script name or sha), for finding a tail's cause.
     slow_scripts: list[tuple[float, int, str]] = field(default_factory=list)
     waited_s: float = 0.0
+    # Orders held by a payment in flight (OursHeld): they stay open, and are counted apart.
+    held: set[int] = field(default_factory=set)
 
 
 def idle(system: System, sizes: Sizes) -> dict[str, Any]:
@@ -152,10 +154,11 @@ def timed(system: System, kind: str, offsets: list[float], sizes: Sizes) -> Phas
         seconds=sizes.lead_seconds + len(offsets) * system.enqueue_seconds * 1.5)
     began = time.monotonic()
     orders = make_orders([start + timedelta(seconds=offset) for offset in offsets], system.model)
+    held = system.hold(orders) if kind == "burst" else set()
     system.enqueue(orders)
-    phase = Phase(kind=kind, orders=len(orders), start=start,
+    phase = Phase(kind=kind, orders=len(orders) - len(held), start=start,
                   pk_range=(orders[0].pk, orders[-1].pk),
-                  expires={o.pk: o.expires_at for o in orders})
+                  expires={o.pk: o.expires_at for o in orders if o.pk not in held}, held=held)
     phase.production_s = time.monotonic() - began
     phase.production_overran_s = max(0.0, (timezone.now() - start).total_seconds())
 
@@ -171,7 +174,7 @@ def timed(system: System, kind: str, offsets: list[float], sizes: Sizes) -> Phas
     last = start + timedelta(seconds=max(offsets))
     deadline = time.monotonic() + max(0.0, (last - timezone.now()).total_seconds()) + sizes.cap_seconds
     unpaid = system.model.objects.filter(system.model.unpaid_q(), pk__gte=phase.pk_range[0],
-                                         pk__lte=phase.pk_range[1])
+                                         pk__lte=phase.pk_range[1]).exclude(pk__in=held)
     while time.monotonic() < deadline:
         time.sleep(0.25)
         if timezone.now() < last:
@@ -215,8 +218,11 @@ def burst_offsets(sizes: Sizes) -> list[float]:
 def results(phase: Phase, system: System) -> dict[str, Any]:
     """Lateness and throughput from the commit records the closers wrote on exit."""
     commits: dict[int, list[float]] = {}
+    held_closed = 0
     for pk, at in read_commits(system.record_dir):
-        if phase.pk_range[0] <= pk <= phase.pk_range[1]:
+        if pk in phase.held:
+            held_closed += 1
+        elif phase.pk_range[0] <= pk <= phase.pk_range[1]:
             commits.setdefault(pk, []).append(at)
     closed = len(commits)
     first_commits = [min(times) for times in commits.values()]
@@ -228,6 +234,9 @@ def results(phase: Phase, system: System) -> dict[str, Any]:
         "orders": phase.orders,
         "closed": closed,
         "closed_twice": sum(1 for times in commits.values() if len(times) > 1),
+        "held": len(phase.held),
+        # Orders closed while their payment was in flight: must be none.
+        "held_closed": held_closed,
         "drained": closed == phase.orders,
         "lateness_ms": summary(lateness_ms),
         "lateness_samples": sorted(lateness_ms)[:: max(1, len(lateness_ms) // 2000)],

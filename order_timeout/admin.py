@@ -16,7 +16,7 @@ from django.utils.translation import gettext_lazy as _, ngettext
 
 from . import deadletters, get_order_model, overview
 from .exceptions import QueueUnavailable
-from .models import DeadLetter, Order, TimeoutOverview
+from .models import DeadLetter, Order, Reminder, TimeoutOverview
 
 
 class OverdueFilter(admin.SimpleListFilter):
@@ -179,6 +179,30 @@ class DeadLetterAdmin(admin.ModelAdmin):
                   permissions=["close_now"])
     def close_now(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> None:
         _report(self, request, deadletters.close_now(queryset, request.user, timezone.now()))
+
+
+@admin.register(Reminder)
+class ReminderAdmin(admin.ModelAdmin):
+    """The reminders done: which order, how long before which deadline, sent or passed over. Read-only:
+    the rows are what keeps a reminder from going out twice."""
+
+    list_display = ("order_id", "order_model", "seconds_before", "deadline", "outcome", "at")
+    list_filter = ("outcome", "order_model", "at")
+    search_fields = ("=order_id",)
+    date_hierarchy = "at"
+
+    @admin.display(description=_("seconds before the deadline"), ordering="lead_ms")
+    def seconds_before(self, reminder: Reminder) -> float:
+        return reminder.lead_ms / 1000
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 @admin.register(TimeoutOverview)

@@ -328,8 +328,9 @@ def _close(manager: Any, orders: list[TimeoutOrderMixin], now: datetime,
     # One UPDATE per reason: a timeout, or a hold that ran past MAX_HOLD.
     for reason, group in by_reason.items():
         manager.filter(model.unpaid_q(), pk__in=[order.pk for order in group]).update(**values[reason])
+    previous_statuses = {}
     for order in orders:
-        previous = order.timeout_status
+        previous = previous_statuses[order.pk] = order.timeout_status
         order._apply_close(values[getattr(order, "_timeout_close_reason", TIMEOUT_REASON)])
         try:
             order_expired.send(sender=model, order=order, previous_status=previous)
@@ -344,4 +345,4 @@ def _close(manager: Any, orders: list[TimeoutOrderMixin], now: datetime,
             progress()
     # A batch receiver that raises fails the whole batch; the one-by-one
     # fallback then gives each order a batch of its own.
-    orders_expired.send(sender=model, orders=orders)
+    orders_expired.send(sender=model, orders=orders, previous_statuses=previous_statuses)

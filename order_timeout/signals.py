@@ -8,9 +8,11 @@ and they commit (or roll back) with the close. ``previous_status`` is the
 unpaid value the order left. A receiver that raises leaves that order open for
 another try.
 
-``orders_expired(sender=OrderModel, orders=[...])`` is sent once per closed
-batch, after the per-order signals and in the same transaction, for shops that
-release stock with one query per batch rather than one per order. (When a
+``orders_expired(sender=OrderModel, orders=[...], previous_statuses={pk: status})``
+is sent once per closed batch, after the per-order signals and in the same
+transaction, for shops that write their close with one statement per batch
+rather than one per order (a ``bulk_create`` of status-change rows, one
+``UPDATE`` of stock): the recommended way, see docs/existing-model.md. (When a
 receiver raised and the batch is closed again one order at a time, it is sent
 once per order instead.)
 

@@ -307,6 +307,43 @@ def test_an_expiry_writes_the_shops_status_change_and_releases_its_stock_in_the_
 
 
 @use_shop
+def test_batch_receivers_write_the_same_close_with_one_statement_each_per_batch(make_order, consumer):
+    """docs/existing-model.md's recommended way: ``orders_expired`` receivers, one INSERT of the
+    status-change rows and one UPDATE of the stock for the whole batch."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from order_timeout.signals import orders_expired
+    from testproject.shop.receivers import release_stock, release_stock_of, write_status_change, \
+        write_status_changes
+
+    stock = StockRecord.objects.create(num_in_stock=10, num_allocated=30)
+    orders = [make_order(in_seconds=-1) for _ in range(12)]
+    for order in orders:
+        Line.objects.create(order=order, stockrecord=stock, quantity=2)
+    order_expired.disconnect(dispatch_uid="shop.write_status_change", sender=ShopOrder)
+    order_expired.disconnect(dispatch_uid="shop.release_stock", sender=ShopOrder)
+    orders_expired.connect(write_status_changes, sender=ShopOrder, dispatch_uid="test.changes")
+    orders_expired.connect(release_stock_of, sender=ShopOrder, dispatch_uid="test.stock")
+    try:
+        with CaptureQueriesContext(connection) as queries:
+            stats = consumer(batch_size=20).run(once=True)
+    finally:
+        orders_expired.disconnect(dispatch_uid="test.changes", sender=ShopOrder)
+        orders_expired.disconnect(dispatch_uid="test.stock", sender=ShopOrder)
+        order_expired.connect(write_status_change, sender=ShopOrder, dispatch_uid="shop.write_status_change")
+        order_expired.connect(release_stock, sender=ShopOrder, dispatch_uid="shop.release_stock")
+
+    assert stats.closed == 12
+    assert all(history(order) == [("Pending", "Cancelled")] for order in orders)
+    stock.refresh_from_db()
+    assert stock.num_allocated == 30 - 12 * 2
+    shop_writes = [q["sql"] for q in queries.captured_queries
+                   if "shop_orderstatuschange" in q["sql"] or "UPDATE" in q["sql"] and "shop_stockrecord" in q["sql"]]
+    assert len(shop_writes) == 2, shop_writes
+
+
+@use_shop
 def test_a_receiver_can_run_the_shops_own_state_machine_on_the_closed_order(make_order, consumer):
     order = make_order(in_seconds=-1)
 

@@ -259,3 +259,15 @@ def test_three_consumers_send_each_reminder_once(settings, queue):
     assert not ReminderEmail.objects.values("order_id", "seconds_left").annotate(
         n=Count("id")).filter(n__gt=1).exists()
     assert {order_id for order_id, _ in emails()} == {str(o.pk) for o in orders}
+
+
+def test_staff_read_the_reminders_in_the_admin_and_cannot_change_them(reminders, queue, admin_client):
+    order = due_reminders_order(Order)
+    Consumer().run(once=True)
+
+    listing = admin_client.get("/admin/order_timeout/reminder/")
+    change = admin_client.get(f"/admin/order_timeout/reminder/{Reminder.objects.first().pk}/change/")
+
+    assert listing.status_code == 200 and str(order.pk) in listing.text and "60.0" in listing.text
+    assert change.status_code == 200 and "Save" not in change.text  # view only
+    assert admin_client.get("/admin/order_timeout/reminder/add/").status_code == 403
