@@ -20,7 +20,7 @@ from django_redis import get_redis_connection
 from order_timeout import schedule
 from order_timeout.codec import now_score
 from order_timeout.models import Order
-from order_timeout.queue import SLICE, TimeoutQueue
+from order_timeout.queue import SCHEDULE_SLICE, TimeoutQueue
 
 from .ownership import keep_mark
 from .recorder import read_commits
@@ -39,7 +39,7 @@ def bulk_schedule(size: int) -> dict[str, Any]:
     queue = TimeoutQueue.from_settings()
     client = queue.client
     client.flushdb()
-    expected_calls = -(-size // SLICE) * len(queue.shards)
+    expected_calls = -(-size // SCHEDULE_SLICE) * len(queue.shards)
     log_size = 4 * expected_calls + 1000
     client.config_set("slowlog-log-slower-than", 0)
     client.config_set("slowlog-max-len", log_size)
@@ -57,7 +57,7 @@ def bulk_schedule(size: int) -> dict[str, Any]:
     client.slowlog_reset()
     client.flushdb()
     keep_mark(client)
-    return {"members": size, "seconds": round(elapsed, 2), "slice": SLICE, "script_calls": len(calls),
+    return {"members": size, "seconds": round(elapsed, 2), "slice": SCHEDULE_SLICE, "script_calls": len(calls),
             "slowest_call_ms": calls[-1] / 1000 if calls else None,
             "p99_call_ms": calls[int(0.99 * (len(calls) - 1))] / 1000 if calls else None,
             "median_call_ms": calls[len(calls) // 2] / 1000 if calls else None}

@@ -40,10 +40,13 @@ logger = logging.getLogger("order_timeout")
 
 SCRIPT_NAMES = ("schedule", "claim", "forget", "reschedule", "retry", "renew", "move_out",
                 "renew_lock", "release_lock")
-# Most members one script call carries, so no call holds Redis for long: scheduling
-# 200 into a sorted set of a million took 1.4 ms (median) on the benchmark machine,
-# 500 took 3.5 ms and sometimes over 5 (docs/benchmarks.md, the bulk schedule).
-SLICE = 200
+# Most members one script call carries, so no call holds Redis for long: a claimed
+# batch of up to 500 is acked, retried or renewed in one call (BATCH_SIZE's default is 200).
+SLICE = 500
+# Most members one schedule call adds: each is a ZADD into a sorted set that may hold
+# millions. 200 into a sorted set of a million took 1.4 ms (median) on the benchmark
+# machine, 500 took 3.5 ms and sometimes over 5 (docs/benchmarks.md, the bulk schedule).
+SCHEDULE_SLICE = 200
 
 T = TypeVar("T")
 
@@ -79,9 +82,9 @@ def _pairs(deadlines: Mapping[str, int]) -> list[Any]:
     return args
 
 
-def _slices(items: Sequence[T]) -> Iterator[Sequence[T]]:
-    for start in range(0, len(items), SLICE):
-        yield items[start:start + SLICE]
+def _slices(items: Sequence[T], size: int = SLICE) -> Iterator[Sequence[T]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
 
 
 @dataclass(frozen=True)
@@ -177,7 +180,7 @@ class Shard:
         added = 0
         members = list(deadlines)
         with redis_errors("schedule"):
-            for part in _slices(members):
+            for part in _slices(members, SCHEDULE_SLICE):
                 chunk = {member: deadlines[member] for member in part}
                 if only_missing:
                     added += int(self.client.zadd(self.keys.pending, chunk, nx=True))
