@@ -93,6 +93,24 @@ def test_no_reminder_for_an_order_paid_before_its_moment(reminders, order_model,
     assert reminder_queue(queue).stats(deadline_score(timezone.now())).pending == 0
 
 
+def test_no_reminder_for_an_order_paid_a_millisecond_before_its_moment(settings, queue):
+    """The payment commits a millisecond before the reminder falls due; the consumer comes right
+    after it (its member still there, as if the payment's ZREM was lost): the row says paid."""
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "REMINDERS": [1]}
+    order = Order.objects.create(expires_at=timezone.now() + timedelta(seconds=1.5))
+    moment = order.expires_at - timedelta(seconds=1)
+    member = reminder_member(Order, order.pk, 1000)
+
+    time.sleep(max(0.0, (moment - timezone.now()).total_seconds() - 0.001))
+    Order.objects.filter(pk=order.pk).update(status="paid")  # behind the queue's back: still there
+    time.sleep(max(0.0, (moment - timezone.now()).total_seconds()) + 0.01)
+    assert reminder_queue(queue).positions([member])[member].pending_ms is not None
+    stats = Consumer().run(once=True)
+
+    assert emails() == [] and Reminder.objects.count() == 0
+    assert stats.reminders.done == 1
+
+
 @both_models
 def test_no_reminder_for_a_closed_order_or_one_without_a_deadline(reminders, order_model, queue):
     closed = due_reminders_order(order_model)

@@ -59,6 +59,11 @@ THRESHOLDS = {
         "Fail when more orders than this were taken over from consumers that died, froze or "
         "overran their lease.",
         "{value} orders taken over from dead consumers > --max-taken-over {limit:g}"),
+    "max_held_age": Threshold(
+        "oldest_held_age_seconds",
+        "Fail when an order has been held by a payment in flight (HOLD_CONDITION) for longer than "
+        "this many seconds.",
+        "an order has been held by a payment in flight for {value:g}s > --max-held-age {limit:g}"),
     "max_drift": Threshold(
         "drift",
         "Fail when more unpaid orders with a deadline than this are missing from Redis.",
