@@ -1,7 +1,7 @@
 """``--compare REF``: the same workloads on the code of another git ref, in the same run.
 
-The ref is checked out once into a worktree under ``bench/out/`` (ignored by
-git); its consumers run from there (their ``manage.py``, their
+The ref is checked out once into a worktree under ``.bench-refs/`` (ignored
+by git, outside the packages that lint and type checks read); its consumers run from there (their ``manage.py``, their
 ``order_timeout``), on the same database, Redis and workloads, between this
 code's rows, so both meet the same machine. The harness itself, the orders it
 creates and the members it schedules are this code's: a ref whose pending
@@ -36,7 +36,7 @@ def checkout(ref: str) -> tuple[Path, str]:
     """A worktree of ``ref`` (made once, reused), and the commit it names."""
     sha = subprocess.run(["git", "rev-parse", "--verify", f"{ref}^{{commit}}"], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout.strip()
-    tree = ROOT / "bench" / "out" / f"compare-{sha[:12]}"
+    tree = ROOT / ".bench-refs" / sha[:12]
     if not (tree / "manage.py").exists():
         tree.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run(["git", "worktree", "add", "--force", "--detach", str(tree), sha], cwd=ROOT,

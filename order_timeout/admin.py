@@ -181,8 +181,21 @@ class DeadLetterAdmin(admin.ModelAdmin):
         _report(self, request, deadletters.close_now(queryset, request.user, timezone.now()))
 
 
+class ViewOnlyAdmin(admin.ModelAdmin):
+    """Staff may look, never add, change or delete: the rows are the app's own records."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 @admin.register(Reminder)
-class ReminderAdmin(admin.ModelAdmin):
+class ReminderAdmin(ViewOnlyAdmin):
     """The reminders done: which order, how long before which deadline, sent or passed over. Read-only:
     the rows are what keeps a reminder from going out twice."""
 
@@ -195,18 +208,9 @@ class ReminderAdmin(admin.ModelAdmin):
     def seconds_before(self, reminder: Reminder) -> float:
         return reminder.lead_ms / 1000
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
 
 @admin.register(TimeoutOverview)
-class TimeoutOverviewAdmin(admin.ModelAdmin):
+class TimeoutOverviewAdmin(ViewOnlyAdmin):
     """The "Order timeouts" page: how the queue is doing, for staff with its view permission.
 
     The model has no table, so the page is its only URL: the change, history,
@@ -217,15 +221,6 @@ class TimeoutOverviewAdmin(admin.ModelAdmin):
     def get_urls(self) -> list[URLPattern]:
         name = f"{self.opts.app_label}_{self.opts.model_name}_changelist"
         return [path("", self.admin_site.admin_view(self.changelist_view), name=name)]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
         if not self.has_view_permission(request):
