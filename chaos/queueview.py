@@ -7,6 +7,7 @@ so a new key layout is adapted here and nowhere else.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -64,8 +65,21 @@ def leased_reminders(reminders: Iterable[tuple[Any, int]]) -> list[tuple[Any, in
             if where.lease_ms is not None]
 
 
-def present_among(members: Iterable[str]) -> list[str]:
-    """The members that are pending or leased now."""
+def present_among(members: Iterable[str], looks: int = 3) -> list[str]:
+    """The members that are pending or leased now.
+
+    A member reported missing is looked up again (``looks`` times in all, 50 ms
+    apart): ``positions()`` reads the pending set and then the lease set, not
+    atomically, so a member a consumer moves from its lease back to pending
+    between the two reads (a held order put back for its next look) is seen
+    in neither. One that Redis lost stays missing at every look.
+    """
     members = list(members)
-    missing = set(_queue().missing(members)) if members else set()
+    missing = set(members)
+    for look in range(looks):
+        if not missing:
+            break
+        if look:
+            time.sleep(0.05)
+        missing = set(_queue().missing(list(missing)))
     return [member for member in members if member not in missing]
