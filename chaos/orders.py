@@ -193,11 +193,16 @@ def settle_at(plan: dict[int, tuple[datetime, str]], threads: int) -> None:
 
 
 def _at_moments(plan: dict[int, datetime], act: Callable[[Any], str | None], threads: int) -> None:
-    """``act(order)`` at each order's moment, from ``threads`` threads; each answer recorded."""
+    """``act(order)`` at each order's moment, from ``threads`` threads; each answer recorded.
+
+    An act that raises is the harness's failure, not an answer: the others go
+    on, and the first error is raised once every answer is recorded.
+    """
     model = get_order_model()
     loaded = model._base_manager.in_bulk(list(plan))
     timeline = sorted(plan.items(), key=lambda item: item[1])
     answers: list[Payment] = []
+    errors: list[str] = []
     lock = threading.Lock()
 
     def payer(share: list[tuple[int, datetime]]) -> None:
@@ -206,7 +211,12 @@ def _at_moments(plan: dict[int, datetime], act: Callable[[Any], str | None], thr
                 wait = (moment - timezone.now()).total_seconds()
                 if wait > 0:
                     time.sleep(wait)
-                outcome = act(loaded[pk])
+                try:
+                    outcome = act(loaded[pk])
+                except Exception as exc:
+                    with lock:
+                        errors.append(f"order {pk}: {type(exc).__name__}: {exc}")
+                    continue
                 if outcome is not None:
                     with lock:
                         answers.append(Payment(order_id=pk, outcome=outcome, answered_at=timezone.now()))
@@ -219,6 +229,8 @@ def _at_moments(plan: dict[int, datetime], act: Callable[[Any], str | None], thr
     for worker in workers:
         worker.join()
     Payment.objects.bulk_create(answers, batch_size=CHUNK)
+    if errors:
+        raise RuntimeError(f"{len(errors)} payments failed in the harness; the first: {errors[0]}")
 
 
 @dataclass(frozen=True)
