@@ -5,7 +5,8 @@ what no setting covers on a busy 2-core machine (scheduling, a process
 starting, a batch ahead in the queue). Some run from the deadline (faults the
 consumers heal by themselves: a death, a failing receiver); the others from
 the later of the deadline and the moment the fault healed (an outage ended,
-Redis came back).
+Redis came back; for an order held by a payment in flight, the moment its
+payment failed).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ class Bound:
     seconds: float
     # The sum, in the settings' names.
     formula: str
-    # Measured from max(deadline, heal) rather than from the deadline.
+    # Measured from max(deadline, heal) rather than from the deadline (for an order held
+    # by a payment in flight, the heal is its payment's failure: chaos.Settlement).
     from_heal: bool = False
     # Add the scenario's longest compensation scan (tick to end of the close scan).
     plus_scan: bool = False
@@ -49,6 +51,14 @@ def consumer_death(t: Tuning) -> Bound:
     """Its consumer died or froze mid-batch: the next claim after the lease takes the member."""
     return Bound("consumer death", t.lease_seconds + SLACK,
                  f"LEASE {t.lease_seconds:g} + slack {SLACK:g}")
+
+
+def hold_released(t: Tuning) -> Bound:
+    """A held order whose payment failed: closed at the next look (every HOLD_RECHECK), whose
+    consumer may die holding it (a lease). From the later of the deadline and the failure."""
+    return Bound("hold released, consumer death", t.hold_recheck + t.lease_seconds + SLACK,
+                 f"HOLD_RECHECK {t.hold_recheck:g} + LEASE {t.lease_seconds:g} + slack {SLACK:g}",
+                 from_heal=True)
 
 
 def outage(t: Tuning, seconds: float) -> Bound:

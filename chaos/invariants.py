@@ -4,7 +4,12 @@ Every delivery row was written inside its closing transaction, so the
 tables say what really committed: which orders closed, how often, when, and
 which were paid. A cohort's lateness runs from its orders' deadlines to the
 delivery (or, for a dead letter, to its burial), and for the bound from the
-later of the deadline and the heal.
+later of the deadline and the heal (for an order held by a payment in flight,
+the payment's failure).
+
+The payment scenarios have checks of their own: ``held_payment_checks``
+(orders held by a payment in flight) and ``reminder_checks`` (the test shop's
+``ReminderEmail`` rows and the app's ``Reminder`` records).
 """
 
 from __future__ import annotations
@@ -14,12 +19,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection
-from django.db.models import Field
+from django.db.models import Field, Model
 
 from order_timeout import get_order_model
-from order_timeout.models import DeadLetter
+from order_timeout.models import DeadLetter, Reminder
+from testproject.shop.models import ReminderEmail
 
-from .models import Delivery, Payment, Role
+from .models import Delivery, Payment, Role, Settlement, Stranded
 from .story import Check, Cohort, Expect, Story
 
 EPOCH = datetime(1970, 1, 1)
@@ -91,6 +97,10 @@ class Tables:
         self.delivery = Delivery._meta.db_table
         self.dead = DeadLetter._meta.db_table
         self.payment = Payment._meta.db_table
+        self.settlement = Settlement._meta.db_table
+        self.email = ReminderEmail._meta.db_table
+        self.reminder = Reminder._meta.db_table
+        self.stranded = Stranded._meta.db_table
 
     @property
     def unpaid_in(self) -> str:
@@ -116,12 +126,13 @@ def _count(sql: str, params: list[Any] | None = None) -> int:
 
 
 def cohort_counts(t: Tables) -> dict[str, dict[str, int]]:
-    """orders, deleted, closed, paid, dead (unpaid with an open dead letter) per cohort."""
+    """orders, deleted, closed, paid, dead (unpaid with an open dead letter), unpaid per cohort."""
     sql = (f"SELECT r.cohort, COUNT(*), SUM(o.{t.pk} IS NULL), SUM(o.{t.status} = %s), "
-           f"SUM(o.{t.status} = %s), SUM(o.{t.status} IN {t.unpaid_in} AND {t.open_letter('r.order_id')}) "
+           f"SUM(o.{t.status} = %s), SUM(o.{t.status} IN {t.unpaid_in} AND {t.open_letter('r.order_id')}), "
+           f"SUM(o.{t.status} IN {t.unpaid_in}) "
            f"FROM {t.role} r LEFT JOIN {t.orders} o ON o.{t.pk} = r.order_id GROUP BY r.cohort")
-    rows = _rows(sql, [t.closed, t.paid, *t.unpaid, t.label])
-    names = ("orders", "deleted", "closed", "paid", "dead")
+    rows = _rows(sql, [t.closed, t.paid, *t.unpaid, t.label, *t.unpaid])
+    names = ("orders", "deleted", "closed", "paid", "dead", "unpaid")
     return {row[0]: dict(zip(names, (int(value or 0) for value in row[1:]), strict=True))
             for row in rows}
 
@@ -134,6 +145,10 @@ def unsettled(expect: Expect, counts: dict[str, int]) -> int:
         return present - counts["closed"] - counts["dead"]
     if expect is Expect.PAID_OR_CLOSED:
         return present - counts["closed"] - counts["paid"]
+    if expect is Expect.PAID:
+        return present - counts["paid"]
+    if expect is Expect.HELD:
+        return present - (counts["unpaid"] - counts["dead"])
     return present
 
 
@@ -142,20 +157,23 @@ def lateness(t: Tables, cohort: str,
     """(id, seconds from the deadline, from max(deadline, heal), deadline) per settled order of a cohort.
 
     Settled: its first delivery, or the burial of an unpaid order in an open dead letter.
+    An order held by a payment in flight is healed when its payment failed (``Settlement``).
     """
     heal = _naive_utc(heal_at)
+    since = "GREATEST(o.expires_at, %s, COALESCE(MAX(s.settled_at), o.expires_at))"
+    settled = f"LEFT JOIN {t.settlement} s ON s.order_id = r.order_id "
     closes = (f"SELECT o.{t.pk}, o.expires_at, "
               f"TIMESTAMPDIFF(MICROSECOND, o.expires_at, MIN(d.delivered_at)), "
-              f"TIMESTAMPDIFF(MICROSECOND, GREATEST(o.expires_at, %s), MIN(d.delivered_at)) "
+              f"TIMESTAMPDIFF(MICROSECOND, {since}, MIN(d.delivered_at)) "
               f"FROM {t.role} r JOIN {t.orders} o ON o.{t.pk} = r.order_id "
-              f"JOIN {t.delivery} d ON d.order_id = r.order_id "
+              f"JOIN {t.delivery} d ON d.order_id = r.order_id {settled}"
               f"WHERE r.cohort = %s GROUP BY o.{t.pk}, o.expires_at")
     burials = (f"SELECT o.{t.pk}, o.expires_at, "
                f"TIMESTAMPDIFF(MICROSECOND, o.expires_at, MAX(l.last_failed_at)), "
-               f"TIMESTAMPDIFF(MICROSECOND, GREATEST(o.expires_at, %s), MAX(l.last_failed_at)) "
+               f"TIMESTAMPDIFF(MICROSECOND, {since}, MAX(l.last_failed_at)) "
                f"FROM {t.role} r JOIN {t.orders} o ON o.{t.pk} = r.order_id "
                f"JOIN {t.dead} l ON l.order_model = %s AND l.order_id = CAST(r.order_id AS CHAR) "
-               f"AND l.resolved_at IS NULL "
+               f"AND l.resolved_at IS NULL {settled}"
                f"WHERE r.cohort = %s AND o.{t.status} IN {t.unpaid_in} GROUP BY o.{t.pk}, o.expires_at")
     rows = _rows(f"{closes} UNION ALL {burials}",
                  [heal, cohort, heal, t.label, cohort, *t.unpaid])
@@ -252,7 +270,7 @@ def judge(story: Story, scan_seconds: float, more: list[Check]) -> Verdict:
     """Count everything once the scenario settled; ``more`` are checks made outside the database."""
     t = Tables()
     counts = cohort_counts(t)
-    empty = {"orders": 0, "deleted": 0, "closed": 0, "paid": 0, "dead": 0}
+    empty = {"orders": 0, "deleted": 0, "closed": 0, "paid": 0, "dead": 0, "unpaid": 0}
     figures = [figures_of(t, cohort, counts.get(cohort.name, empty), story.heal_at, scan_seconds)
                for cohort in story.cohorts]
     checks = global_checks(t)
@@ -274,7 +292,8 @@ def all_settled(story: Story) -> bool:
     """Whether every cohort has come to what it expects (polled while waiting, so cheap).
 
     Only unpaid orders can still change; the dead letters are looked up only
-    for cohorts that may end in one and still have unpaid orders.
+    for cohorts that may end in one and still have unpaid orders. A held
+    cohort's orders stay unpaid: nothing to wait for.
     """
     t = Tables()
     rows = _rows(f"SELECT r.cohort, COUNT(*) FROM {t.role} r JOIN {t.orders} o ON o.{t.pk} = r.order_id "
@@ -282,8 +301,133 @@ def all_settled(story: Story) -> bool:
     unpaid = {cohort: int(count) for cohort, count in rows}
     for cohort in story.cohorts:
         waiting = unpaid.get(cohort.name, 0)
+        if cohort.expect is Expect.HELD:
+            continue
         if waiting and cohort.expect is not Expect.CLOSED_OR_DEAD:
             return False
         if waiting and cohort_counts(t)[cohort.name]["dead"] < waiting:
             return False
     return True
+
+
+# -- payments that take time ---------------------------------------------------------------
+
+
+def held_payment_checks(payments: type[Model]) -> list[Check]:
+    """The held-payments scenario: ``payments`` is the order model's payment model (``payments``).
+
+    A payment's state changed, and its ``Settlement`` was written, in one
+    transaction; ``settled_at`` comes just before its commit, so a close that
+    saw the payment settled comes after it.
+    """
+    t = Tables()
+    table = payments._meta.db_table
+    order_column = payments._meta.get_field("order").column  # type: ignore[union-attr]
+    while_pending = _count(
+        f"SELECT COUNT(DISTINCT d.order_id) FROM {t.delivery} d "
+        f"WHERE EXISTS (SELECT 1 FROM {table} p WHERE p.{order_column} = d.order_id) "
+        f"AND NOT EXISTS (SELECT 1 FROM {t.settlement} s WHERE s.order_id = d.order_id "
+        f"AND s.settled_at <= d.delivered_at)")
+    refused = _count(
+        f"SELECT COUNT(*) FROM {t.settlement} s LEFT JOIN {t.payment} p ON p.order_id = s.order_id "
+        f"WHERE s.state = %s AND (p.order_id IS NULL OR p.outcome <> %s)",
+        [Settlement.State.SUCCEEDED, Payment.Outcome.PAID])
+    return [
+        Check("no order closed while its payment was pending", while_pending == 0,
+              f"{while_pending} orders delivered before their payment settled (or never settled)"),
+        Check("mark_paid() returned True for every payment that succeeded", refused == 0,
+              f"{refused} succeeded payments whose mark_paid() did not return True"),
+    ]
+
+
+def reminder_checks(leads_ms: list[int], owed_within: float) -> tuple[list[Check], dict[str, Any]]:
+    """The reminders scenario: what ``ReminderEmail`` (one row per delivery, written in the
+    reminder's transaction) and ``order_timeout.Reminder`` (the app's record) say.
+
+    A reminder is *owed* to an order not paid by its moment plus ``owed_within``
+    seconds (the consumer-death bound). Leads at least that long are owed under
+    SIGKILL; a shorter one is not (a consumer killed holding it is taken over
+    after the deadline, and the reminder dropped): a lost one must have been
+    under lease when a consumer was killed (``Stranded``).
+    """
+    t = Tables()
+    email = f"{t.email} e"
+    same_reminder = ("m.order_model = e.model AND m.order_id = e.order_id "
+                     "AND m.lead_ms = ROUND(e.seconds_left * 1000) AND m.deadline = e.deadline")
+    twice = _count(f"SELECT COUNT(*) FROM (SELECT 1 FROM {email} WHERE e.model = %s "
+                   f"GROUP BY e.order_id, e.seconds_left, e.deadline HAVING COUNT(*) > 1) twice", [t.label])
+    unrecorded = _count(f"SELECT COUNT(*) FROM {email} WHERE e.model = %s AND NOT EXISTS "
+                        f"(SELECT 1 FROM {t.reminder} m WHERE {same_reminder} AND m.outcome = %s)",
+                        [t.label, Reminder.Outcome.SENT])
+    undelivered = _count(f"SELECT COUNT(*) FROM {t.reminder} m WHERE m.order_model = %s AND m.outcome = %s "
+                         f"AND NOT EXISTS (SELECT 1 FROM {email} WHERE {same_reminder})",
+                         [t.label, Reminder.Outcome.SENT])
+    after_payment = _count(
+        f"SELECT COUNT(*) FROM {email} JOIN {t.payment} p ON CAST(p.order_id AS CHAR) = e.order_id "
+        f"WHERE e.model = %s AND p.outcome = %s AND e.written_at > p.answered_at",
+        [t.label, Payment.Outcome.PAID])
+    after_close = _count(
+        f"SELECT COUNT(*) FROM {email} JOIN {t.delivery} d ON CAST(d.order_id AS CHAR) = e.order_id "
+        f"WHERE e.model = %s AND e.written_at > d.delivered_at", [t.label])
+    late = _count(f"SELECT COUNT(*) FROM {t.reminder} m WHERE m.order_model = %s AND m.outcome = %s "
+                  f"AND m.at >= m.deadline", [t.label, Reminder.Outcome.SENT])
+    early = _count(f"SELECT COUNT(*) FROM {t.reminder} m WHERE m.order_model = %s AND m.outcome = %s "
+                   f"AND m.at < TIMESTAMPADD(MICROSECOND, -1000 * m.lead_ms, m.deadline)",
+                   [t.label, Reminder.Outcome.SENT])
+    checks = [
+        Check("no reminder delivered twice (order, reminder, deadline)", twice == 0,
+              f"{twice} reminders delivered more than once"),
+        Check("a reminder and its record commit together", unrecorded == 0 and undelivered == 0,
+              f"{unrecorded} deliveries without a Reminder 'sent', {undelivered} records without a delivery"),
+        Check("no reminder delivered after its order's payment committed", after_payment == 0,
+              f"{after_payment} reminders delivered after mark_paid() returned True"),
+        Check("no reminder delivered after its order closed", after_close == 0,
+              f"{after_close} reminders delivered after the close"),
+        Check("no reminder sent at or after its deadline (database clock)", late == 0,
+              f"{late} reminders sent at or after the deadline"),
+        Check("no reminder sent before its moment (database clock)", early == 0,
+              f"{early} reminders sent before deadline - seconds_left"),
+    ]
+    facts: dict[str, Any] = {}
+    owed_ms = round(1000 * owed_within)
+    for lead in leads_ms:
+        seconds = f"{lead / 1000:g} s"
+        # Owed: the order was not paid by the moment plus the bound (nor, for a short lead, by the deadline).
+        paid_by = min(owed_ms - lead, 0)
+        owed = (f"FROM {t.role} r JOIN {t.orders} o ON o.{t.pk} = r.order_id "
+                f"WHERE o.expires_at IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {t.payment} p "
+                f"WHERE p.order_id = r.order_id AND p.outcome = %s "
+                f"AND p.answered_at < TIMESTAMPADD(MICROSECOND, %s, o.expires_at))")
+        delivered = (f"EXISTS (SELECT 1 FROM {email} WHERE e.model = %s "
+                     f"AND e.order_id = CAST(r.order_id AS CHAR) AND ROUND(e.seconds_left * 1000) = %s "
+                     f"AND e.deadline = o.expires_at)")
+        owed_params = [Payment.Outcome.PAID, 1000 * paid_by]
+        owed_count = _count(f"SELECT COUNT(*) {owed}", owed_params)
+        missing = _count(f"SELECT COUNT(*) {owed} AND NOT {delivered}", [*owed_params, t.label, lead])
+        sent = _count(f"SELECT COUNT(*) FROM {email} WHERE e.model = %s AND ROUND(e.seconds_left * 1000) = %s",
+                      [t.label, lead])
+        latest = _rows(f"SELECT MAX(TIMESTAMPDIFF(MICROSECOND, TIMESTAMPADD(MICROSECOND, -1000 * %s, "
+                       f"e.deadline), e.written_at)) FROM {email} WHERE e.model = %s "
+                       f"AND ROUND(e.seconds_left * 1000) = %s", [lead, t.label, lead])[0][0]
+        latest_s = None if latest is None else int(latest) / 1e6
+        facts[f"{seconds} reminders sent (owed)"] = f"{sent} ({owed_count})"
+        if latest_s is not None:
+            facts[f"{seconds} reminders: latest after its moment (s)"] = round(latest_s, 2)
+        if lead >= owed_ms:
+            checks += [
+                Check(f"every {seconds} reminder owed was delivered", missing == 0,
+                      f"{missing} of {owed_count} owed were not"),
+                Check(f"{seconds} reminders within the bound (consumer death, {owed_within:g} s from "
+                      f"the moment)", latest_s is None or latest_s <= owed_within,
+                      f"latest {latest_s:.2f} s after its moment" if latest_s is not None else "", timing=True),
+            ]
+            continue
+        unexplained = _count(
+            f"SELECT COUNT(*) {owed} AND NOT {delivered} AND NOT EXISTS (SELECT 1 FROM {t.stranded} k "
+            f"WHERE k.order_id = r.order_id AND k.lead_ms = %s)", [*owed_params, t.label, lead, lead])
+        facts[f"{seconds} reminders lost to a kill"] = missing - unexplained
+        # Not a correctness invariant: with no kill, a path over `lead` late (a busy machine) loses it too.
+        checks.append(Check(f"a {seconds} reminder owed is lost only when a killed consumer held it",
+                            unexplained == 0, f"{unexplained} of {owed_count} owed were lost, not held "
+                            f"under a lease when a consumer was killed", timing=True))
+    return checks, facts

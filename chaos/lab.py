@@ -17,18 +17,21 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings as django_settings
 from django.db import OperationalError, connection, connections
+from django.test import override_settings
 from django.utils import timezone
 
 from order_timeout import get_order_model
 from order_timeout.exceptions import QueueUnavailable
-from order_timeout.models import DeadLetter
+from order_timeout.models import DeadLetter, Reminder
 from order_timeout.stuck import EXIT_STUCK
+from testproject.shop.models import ReminderEmail
 
 from . import invariants, orders, queueview
 from .beat import Beat
 from .consumers import EXITED_IN_RECEIVER, EXITED_STUCK, ConsumerPool
-from .models import Delivery, Payment, Role
+from .models import Delivery, Payment, Role, Settlement, Stranded
 from .servers import Servers
 from .story import Check, Story
 from .tuning import Sizes, Tuning
@@ -60,7 +63,8 @@ class Lab:
         tables = [model._meta.db_table, *(rel.related_model._meta.db_table
                                           for rel in model._meta.related_objects),
                   Delivery._meta.db_table, Role._meta.db_table, Payment._meta.db_table,
-                  DeadLetter._meta.db_table]
+                  Settlement._meta.db_table, Stranded._meta.db_table, DeadLetter._meta.db_table,
+                  Reminder._meta.db_table, ReminderEmail._meta.db_table]
         connections.close_all()  # a fresh connection: the last scenario may have killed the server
         with connection.cursor() as cursor:
             cursor.execute("SET FOREIGN_KEY_CHECKS = 0")
@@ -99,6 +103,18 @@ class Lab:
         logger.warning("%s: not every consumer started within %gs", self.name, timeout)
 
     @contextmanager
+    def payment_settings(self, *, holds: bool = False, reminders: bool = False) -> Iterator[dict[str, str]]:
+        """The tuning's HOLD_CONDITION and/or REMINDERS, in this process while inside; yields the
+        environment that gives the consumers and the scans the same (pass it to both).
+
+        The harness needs them too: ``order_timeout.schedule()`` schedules the
+        reminders it is configured with, and ``mark_paid()`` takes them off.
+        """
+        keys = self.tuning.payment_settings(holds=holds, reminders=reminders)
+        with override_settings(ORDER_TIMEOUT={**django_settings.ORDER_TIMEOUT, **keys}):
+            yield self.tuning.payment_environment(holds=holds, reminders=reminders)
+
+    @contextmanager
     def beat(self, *, rebuild: bool = False, **env: Any) -> Iterator[Beat]:
         """The compensation scan every COMPENSATION_INTERVAL (with ``--rebuild`` before it).
 
@@ -118,18 +134,23 @@ class Lab:
     def create_orders(self, count: int | None = None, *, spread: float | None = None,
                       lead: float | None = None, cohort: str = "orders",
                       misbehaving: Mapping[str, int] | None = None,
-                      spaced: tuple[Sequence[str], float] | None = None) -> orders.Created:
+                      spaced: tuple[Sequence[str], float] | None = None,
+                      in_flight: Mapping[str, int] | None = None) -> orders.Created:
         """Orders due over ``spread`` seconds from ``lead`` seconds on (the run's sizes by default).
 
         ``misbehaving``: that many orders of each behaviour, at random;
-        ``spaced``: (behaviours, seconds) one order of each in turn, that far apart.
+        ``spaced``: (behaviours, seconds) one order of each in turn, that far apart;
+        ``in_flight``: that many orders of each cohort named, at random, created
+        with a pending payment (no misbehaving order among them).
         """
         due = orders.deadlines(count or self.sizes.orders, self.sizes.lead if lead is None else lead,
                                spread or self.sizes.spread)
         behaviours = orders.at_random(len(due), misbehaving or {})
         if spaced:
             behaviours |= orders.spaced(due, *spaced)
-        return orders.create_orders(due, cohort, behaviours)
+        paying = orders.at_random(len(due), in_flight or {})
+        assert not set(paying) & set(behaviours), "a payment in flight with a misbehaving receiver"
+        return orders.create_orders(due, cohort, behaviours, paying)
 
     # -- time ------------------------------------------------------------------
 
@@ -170,7 +191,7 @@ class Lab:
                 break
             time.sleep(0.5)
         self.queue_drained = self._drained(until=timezone.now() + timedelta(
-            seconds=self.tuning.lease_seconds + PATIENCE))
+            seconds=self.tuning.lease_seconds + PATIENCE), besides=story.held)
         return story
 
     def _last_deadline(self) -> datetime | None:
@@ -181,10 +202,12 @@ class Lab:
     def _settled(self, story: Story) -> bool:
         return bool(self._retrying(lambda: invariants.all_settled(story)))
 
-    def _drained(self, until: datetime) -> bool:
+    def _drained(self, until: datetime, besides: list[int]) -> bool:
+        """Whether Redis empties (but for the members of ``besides``, held orders) by ``until``."""
+        members = [queueview.member_of(pk) for pk in besides]
         while True:
             try:
-                if queueview.queued() == 0:
+                if queueview.queued(members) == 0:
                     return True
             except QueueUnavailable:
                 pass

@@ -7,17 +7,26 @@ so a new key layout is adapted here and nowhere else.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
 from django.utils import timezone
 
-from order_timeout.codec import deadline_score, now_score
+from order_timeout import get_order_model
+from order_timeout.codec import deadline_score, now_score, order_member, reminder_member
+from order_timeout.keys import CLOSE, REMIND
 from order_timeout.queue import TimeoutQueue
 
 
-def _queue() -> TimeoutQueue:
-    return TimeoutQueue.from_settings()
+def _queue(kind: str = CLOSE) -> TimeoutQueue:
+    return TimeoutQueue.from_settings(kind)
+
+
+def member_of(pk: Any) -> str:
+    """The close member of an order."""
+    return order_member(get_order_model(), pk)
 
 
 def inject_malformed(members: Iterable[str], due: datetime) -> None:
@@ -29,10 +38,15 @@ def inject_malformed(members: Iterable[str], due: datetime) -> None:
     _queue().schedule({member: deadline_score(due) for member in members})
 
 
-def queued() -> int:
-    """Members pending or leased, in every shard."""
-    stats = _queue().stats(now_score(timezone.now()))
-    return stats.pending + stats.leased
+def queued(besides: Iterable[str] = ()) -> int:
+    """Members pending or leased, closes and reminders, in every shard, other than ``besides``
+    (close members that rightly stay: orders held by a payment still in flight)."""
+    now = now_score(timezone.now())
+    count = 0
+    for kind in (CLOSE, REMIND):
+        stats = _queue(kind).stats(now)
+        count += stats.pending + stats.leased
+    return count - len(present_among(besides))
 
 
 def leased_among(members: Iterable[str]) -> list[str]:
@@ -41,8 +55,31 @@ def leased_among(members: Iterable[str]) -> list[str]:
             if where.lease_ms is not None]
 
 
-def present_among(members: Iterable[str]) -> list[str]:
-    """The members that are pending or leased now."""
+def leased_reminders(reminders: Iterable[tuple[Any, int]]) -> list[tuple[Any, int]]:
+    """The reminders, ``(pk, lead_ms)``, whose members are under lease now."""
+    model = get_order_model()
+    by_member = {reminder_member(model, pk, lead): (pk, lead) for pk, lead in reminders}
+    if not by_member:
+        return []
+    return [by_member[member] for member, where in _queue(REMIND).positions(list(by_member)).items()
+            if where.lease_ms is not None]
+
+
+def present_among(members: Iterable[str], looks: int = 3) -> list[str]:
+    """The members that are pending or leased now.
+
+    A member reported missing is looked up again (``looks`` times in all, 50 ms
+    apart): ``positions()`` reads the pending set and then the lease set, not
+    atomically, so a member a consumer moves from its lease back to pending
+    between the two reads (a held order put back for its next look) is seen
+    in neither. One that Redis lost stays missing at every look.
+    """
     members = list(members)
-    missing = set(_queue().missing(members)) if members else set()
+    missing = set(members)
+    for look in range(looks):
+        if not missing:
+            break
+        if look:
+            time.sleep(0.05)
+        missing = set(_queue().missing(list(missing)))
     return [member for member in members if member not in missing]

@@ -1,5 +1,9 @@
 """The ``order_expired`` receiver of every chaos process: record the delivery, misbehave on demand.
 
+(Reminders are recorded by the test shop's own ``deadline_approaching``
+receiver, ``ReminderEmail``; ``slow_reminder`` only gives them the same
+CHAOS_DELIVERY_DELAY as a close.)
+
 It runs inside the closing transaction, as a shop's receiver does. The
 delivery row commits with the close or not at all. Which orders misbehave,
 and how, is read from ``Role`` (only when CHAOS_BEHAVIOURS=1, so the other
@@ -14,10 +18,8 @@ import random
 import time
 from typing import Any
 
-from django.db.models import DateTimeField, Func
-
 from . import pauses
-from .models import Delivery, Role
+from .models import DatabaseUtcNow, Delivery, Role
 
 # The exit status of a consumer whose receiver took it down: the harness expects it.
 EXIT_STATUS = 77
@@ -25,13 +27,6 @@ EXIT_STATUS = 77
 
 class ReceiverFailed(Exception):
     """What a raising receiver raises: the shop's release of stock failed."""
-
-
-class DatabaseUtcNow(Func):
-    """The database server's clock (UTC, microseconds): the clock that judged the order due."""
-
-    template = "UTC_TIMESTAMP(6)"
-    output_field = DateTimeField()
 
 
 def _number(name: str, default: float) -> float:
@@ -68,3 +63,11 @@ def record_delivery(sender: Any, order: Any, **kwargs: Any) -> None:
     if delay:
         time.sleep(delay)
     Delivery.objects.create(order_id=order.pk, delivered_at=DatabaseUtcNow(), pid=os.getpid())
+
+
+def slow_reminder(sender: Any, order: Any, seconds_left: float, **kwargs: Any) -> None:
+    """``deadline_approaching``: take as long as a close's delivery (CHAOS_DELIVERY_DELAY), so that
+    kills land in batches of reminders too. The shop's receiver has written its ReminderEmail."""
+    delay = _number("CHAOS_DELIVERY_DELAY", 0)
+    if delay:
+        time.sleep(delay)

@@ -25,7 +25,10 @@ def markdown(run: dict[str, Any]) -> str:
         f"Settings: LEASE_SECONDS {tuning['lease_seconds']:g}, RETRY_DELAYS "
         f"{list(tuning['retry_delays'])}, MAX_TAKEOVERS {tuning['max_takeovers']}, COMPENSATION_GRACE "
         f"{tuning['compensation_grace']:g}, COMPENSATION_INTERVAL {tuning['compensation_interval']:g}, "
-        f"BATCH_SIZE {tuning['batch_size']}; order model {tuning['order_model']}.",
+        f"BATCH_SIZE {tuning['batch_size']}, HOLD_RECHECK {tuning.get('hold_recheck', 30):g}; "
+        f"REMINDERS [{', '.join(f'{lead:g}' for lead in tuning.get('reminders', ()))}] in `reminders` "
+        f"only; "
+        f"order model {tuning['order_model']}.",
         "",
         "| scenario | cohort | must end | orders | closed | dead letters | paid | max late (s) "
         "| p99 late (s) | max after heal (s) | bound (s) | holds |",

@@ -27,6 +27,6 @@ ORDER_TIMEOUT["REDIS_ALIAS"] = "order_timeout"
 
 # The keys the test project does not read itself.
 for _key in ("RETRY_DELAYS", "MAX_TAKEOVERS", "BATCH_SIZE", "MAX_WAIT", "SCHEDULE_TIMEOUT",
-             "COMPENSATION_LOCK_SECONDS", "COMPENSATION_CHUNK"):
+             "COMPENSATION_LOCK_SECONDS", "COMPENSATION_CHUNK", "HOLD_RECHECK", "MAX_HOLD"):
     if f"ORDER_TIMEOUT_{_key}" in os.environ:
         ORDER_TIMEOUT[_key] = json.loads(os.environ[f"ORDER_TIMEOUT_{_key}"])

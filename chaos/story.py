@@ -19,6 +19,10 @@ class Expect(enum.Enum):
     CLOSED_OR_DEAD = "closed or dead letter"
     # Paid (the payment won) or closed (the deadline won: refund).
     PAID_OR_CLOSED = "paid or closed"
+    # Paid, never closed: a payment that was in flight at the deadline held the order.
+    PAID = "paid"
+    # Unpaid and open at the end, never closed: its payment is still in flight.
+    HELD = "unpaid and open (held)"
     # The row is gone (deleted); nothing is owed but at most one delivery.
     DELETED = "deleted"
 
@@ -54,3 +58,6 @@ class Story:
     checks: list[Check] = field(default_factory=list)
     # Figures worth a line in the report (kills, payments won and lost, ...).
     facts: dict[str, Any] = field(default_factory=dict)
+    # Orders whose members rightly stay in Redis at the end: held by a payment still
+    # in flight, looked at again every HOLD_RECHECK. Redis drains of everything else.
+    held: list[int] = field(default_factory=list)

@@ -1,15 +1,18 @@
 """The settings every chaos process runs with, and the sizes of a quick and a full run.
 
 Small on purpose, so a whole run takes minutes: a lease of 2 s, retries after
-1 s and 2 s, a scan every 5 s closing what is 5 s overdue. The same values
-reach every process (as ``ORDER_TIMEOUT_*`` variables read by
-``chaos.settings``) and the bounds the harness holds them to (``chaos.bounds``).
+1 s and 2 s, a scan every 5 s closing what is 5 s overdue, a held order looked
+at every second. The same values reach every process (as ``ORDER_TIMEOUT_*``
+variables read by ``chaos.settings``) and the bounds the harness holds them to
+(``chaos.bounds``). A hold condition and reminders are turned on only by the
+scenarios about them (``Lab.payment_settings``).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,17 @@ class Tuning:
     batch_size: int = 50
     max_wait: float = 1.0
     schedule_timeout: float = 0.1
+    # A held order (a payment in flight) is looked at again this often: a thirtieth of the
+    # default, so a failed payment's order closes within a second or so of the failure.
+    hold_recheck: float = 1.0
+    # HOLD_CONDITION of the held-payments scenario: the test shop's "a payment is pending".
+    hold_condition: str = "testproject.shop.payments.in_flight"
+    # REMINDERS of the reminders scenario, in seconds before the deadline. The first is
+    # longer than the consumer-death bound (LEASE_SECONDS + slack), so it is owed even
+    # when its consumer is killed holding it; the second is shorter than LEASE_SECONDS,
+    # so a consumer killed holding it loses it: taken over after the deadline, it is
+    # dropped (never sent after the deadline). docs/reliability.md says what is held then.
+    reminders: tuple[float, ...] = (6.0, 1.0)
     key_prefix: str = "chaos"
     order_model: str = "order_timeout.Order"
 
@@ -38,11 +52,29 @@ class Tuning:
             "COMPENSATION_INTERVAL": self.compensation_interval,
             "COMPENSATION_LOCK_SECONDS": self.compensation_lock_seconds,
             "BATCH_SIZE": self.batch_size, "MAX_WAIT": self.max_wait,
-            "SCHEDULE_TIMEOUT": self.schedule_timeout,
+            "SCHEDULE_TIMEOUT": self.schedule_timeout, "HOLD_RECHECK": self.hold_recheck,
         }
         env = {f"ORDER_TIMEOUT_{key}": json.dumps(value) for key, value in values.items()}
         env["ORDER_TIMEOUT_KEY_PREFIX"] = self.key_prefix
         env["ORDER_TIMEOUT_ORDER_MODEL"] = self.order_model
+        return env
+
+    def payment_settings(self, *, holds: bool = False, reminders: bool = False) -> dict[str, Any]:
+        """The ``ORDER_TIMEOUT`` keys of the payment scenarios: a hold condition, reminders."""
+        keys: dict[str, Any] = {}
+        if holds:
+            keys["HOLD_CONDITION"] = self.hold_condition
+        if reminders:
+            keys["REMINDERS"] = list(self.reminders)
+        return keys
+
+    def payment_environment(self, *, holds: bool = False, reminders: bool = False) -> dict[str, str]:
+        """The same keys as the test project reads them from the environment (a dotted path, "6,1")."""
+        env: dict[str, str] = {}
+        if holds:
+            env["ORDER_TIMEOUT_HOLD_CONDITION"] = self.hold_condition
+        if reminders:
+            env["ORDER_TIMEOUT_REMINDERS"] = ",".join(f"{seconds:g}" for seconds in self.reminders)
         return env
 
     def as_dict(self) -> dict[str, object]:
