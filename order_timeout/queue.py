@@ -38,7 +38,7 @@ from .keys import CLOSE, GlobalKeys, QueueKeys, shard_of
 
 logger = logging.getLogger("order_timeout")
 
-SCRIPT_NAMES = ("schedule", "claim", "forget", "reschedule", "retry", "renew", "move_out",
+SCRIPT_NAMES = ("schedule", "claim", "forget", "reschedule", "retry", "renew", "move_out", "positions",
                 "renew_lock", "release_lock")
 # Most members one script call carries, so no call holds Redis for long: a claimed
 # batch of up to 500 is acked, retried or renewed in one call (BATCH_SIZE's default is 200).
@@ -262,18 +262,18 @@ class Shard:
         return moved
 
     def positions(self, members: Sequence[str]) -> dict[str, Position]:
+        """Each member's pending score and lease expiry, each slice read at one instant (a script)."""
+        found: dict[str, Position] = {}
         with redis_errors("look members up"):
-            pipe = self.client.pipeline(transaction=False)
             for part in _slices(members):
-                pipe.zmscore(self.keys.pending, part)
-                pipe.zmscore(self.keys.leased, part)
-            replies = pipe.execute()
-        pending = [score for reply in replies[0::2] for score in reply]
-        leased = [score for reply in replies[1::2] for score in reply]
-        return {
-            member: Position(None if p is None else int(p), None if lease is None else int(lease))
-            for member, p, lease in zip(members, pending, leased, strict=True)
-        }
+                if not part:
+                    continue
+                reply = [_text(value) for value in self.scripts["positions"](
+                    keys=[self.keys.pending, self.keys.leased], args=list(part))]
+                for member, pending, lease in zip(part, reply[:len(part)], reply[len(part):], strict=True):
+                    found[member] = Position(int(float(pending)) if pending else None,
+                                             int(float(lease)) if lease else None)
+        return found
 
     def stats(self, now_ms: int) -> QueueStats:
         keys = self.keys
