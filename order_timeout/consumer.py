@@ -130,7 +130,8 @@ class Consumer:
         self.follow_database_clock = follow_database_clock
         self.exit_when_stuck = exit_when_stuck
         self.stats = ConsumerStats()
-        self.metrics = metrics or ConsumerMetrics()
+        # Counted only where someone reads them (run_timeout_consumer --metrics-port).
+        self.metrics = metrics or ConsumerMetrics(enabled=False)
         self.using = router.db_for_write(self.model)
         # Database clock minus this host's, from recent batches (each reading errs low).
         self._clock_readings: deque[timedelta] = deque(maxlen=CLOCK_SAMPLES)

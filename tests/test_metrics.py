@@ -178,3 +178,13 @@ def test_a_bad_metrics_token_is_improperly_configured_without_repeating_it(setti
 def test_a_bad_metrics_port_is_a_command_error(value):
     with pytest.raises(CommandError, match="--metrics-port"):
         call_command("run_timeout_consumer", "--once", "--metrics-port", value)
+
+
+def test_a_consumer_that_serves_no_metrics_counts_none(make_order):
+    """Only run_timeout_consumer --metrics-port pays for the per-close histogram."""
+    make_order(in_seconds=-1)
+    worker = Consumer()
+
+    worker.run(once=True)
+
+    assert worker.stats.closed == 1 and worker.metrics.enabled is False

@@ -14,6 +14,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from order_timeout.conf import MAX_BATCH_SIZE
 from order_timeout.consumer import Consumer
 from order_timeout.exceptions import ImmediateShutdown, OrderTimeoutError
+from order_timeout.metrics import ConsumerMetrics
 
 # prometheus-client resolves the address (getaddrinfo): "" is no address on newer releases.
 ALL_INTERFACES = "0.0.0.0"
@@ -71,8 +72,9 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
         # This process is only a consumer: leave it when a receiver is stuck for good.
+        serving = options["metrics_port"] is not None
         consumer = Consumer(batch_size=options["batch_size"], max_wait=options["max_wait"],
-                            exit_when_stuck=True)
+                            exit_when_stuck=True, metrics=ConsumerMetrics(enabled=serving))
         if options["metrics_port"] is not None:
             try:
                 consumer.metrics.serve(options["metrics_port"], options["metrics_address"])
