@@ -190,30 +190,10 @@ def main(argv: list[str]) -> int:
           f"in {data['elapsed_s']:.0f} s.")
     for name, errors in data["errors"].items():
         print(f"{name}: a closer exited badly; the end of its stderr:\n{errors[-1]}", file=sys.stderr)
-    failures = verdict(data)
+    failures = report.verdict(data)
     for failure in failures:
         print(f"FAILED: {failure}", file=sys.stderr)
     return 1 if failures else 0
-
-
-def verdict(data: dict[str, Any]) -> list[str]:
-    """What fails the run: anyone closing an order twice; one of our systems (this project on
-    either model, or on the cluster) crashing or leaving a workload undrained. Another system
-    struggling is a result, not a failure; no timing ever fails it."""
-    runs = [(name, kind, s[kind]) for name, s in data["systems"].items() for kind in ("steady", "burst")
-            if s.get(kind)]
-    failures = [f"{name} {kind}: {run['closed_twice']} orders closed twice"
-                for name, kind, run in runs if run["closed_twice"]]
-    failures += [f"{name} {kind}: {run['held_closed']} orders closed while their payment was in flight"
-                 for name, kind, run in runs if run.get("held_closed")]
-    ours = {name for name in data["systems"] if name.startswith(("ours", "floor"))}
-    failures += [f"{name}: {len(errors)} consumer error(s)" for name, errors in data["errors"].items()
-                 if name in ours]
-    failures += [f"{name} {kind}: {run['closed']:,} of {run['orders']:,} orders closed"
-                 for name, kind, run in runs if name in ours and not run["drained"]]
-    failures += [f"cluster burst with {run['shards']} shard(s): {run['closed']:,} of {run['orders']:,} "
-                 "orders closed" for run in data.get("cluster") or [] if run["closed"] != run["orders"]]
-    return failures
 
 
 if __name__ == "__main__":

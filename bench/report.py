@@ -239,3 +239,23 @@ def plot(data: dict[str, Any], path: Path) -> None:
                  + (" (quick mode)" if data["quick"] else ""))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def verdict(data: dict[str, Any]) -> list[str]:
+    """What fails the run: anyone closing an order twice; one of our systems (this project on
+    either model, or on the cluster) crashing or leaving a workload undrained. Another system
+    struggling is a result, not a failure; no timing ever fails it."""
+    runs = [(name, kind, s[kind]) for name, s in data["systems"].items() for kind in ("steady", "burst")
+            if s.get(kind)]
+    failures = [f"{name} {kind}: {run['closed_twice']} orders closed twice"
+                for name, kind, run in runs if run["closed_twice"]]
+    failures += [f"{name} {kind}: {run['held_closed']} orders closed while their payment was in flight"
+                 for name, kind, run in runs if run.get("held_closed")]
+    ours = {name for name in data["systems"] if name.startswith(("ours", "floor"))}
+    failures += [f"{name}: {len(errors)} consumer error(s)" for name, errors in data["errors"].items()
+                 if name in ours]
+    failures += [f"{name} {kind}: {run['closed']:,} of {run['orders']:,} orders closed"
+                 for name, kind, run in runs if name in ours and not run["drained"]]
+    failures += [f"cluster burst with {run['shards']} shard(s): {run['closed']:,} of {run['orders']:,} "
+                 "orders closed" for run in data.get("cluster") or [] if run["closed"] != run["orders"]]
+    return failures

@@ -314,8 +314,7 @@ def test_batch_receivers_write_the_same_close_with_one_statement_each_per_batch(
     from django.test.utils import CaptureQueriesContext
 
     from order_timeout.signals import orders_expired
-    from testproject.shop.receivers import release_stock, release_stock_of, write_status_change, \
-        write_status_changes
+    from testproject.shop.receivers import release_stock, release_stock_of, write_status_change, write_status_changes
 
     stock = StockRecord.objects.create(num_in_stock=10, num_allocated=30)
     orders = [make_order(in_seconds=-1) for _ in range(12)]
