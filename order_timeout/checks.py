@@ -12,6 +12,11 @@ from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured
 from . import get_order_model
 from .conf import settings
 
+# Every check of this app also carries this tag, so ``check --deploy --tag order_timeout``
+# asks only what this app needs (the queue's Redis, the database), whatever else the
+# project's deploy checks would report (Django 6.1 errors on a development mailer).
+TAG = "order_timeout"
+
 
 def _not_a_dict(alias: str, entry: Any) -> checks.Error:
     return checks.Error(
@@ -22,7 +27,7 @@ def _not_a_dict(alias: str, entry: Any) -> checks.Error:
     )
 
 
-@checks.register(checks.Tags.compatibility)
+@checks.register(checks.Tags.compatibility, TAG)
 def check_redis_alias(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     alias = settings.REDIS_ALIAS
     caches = django_settings.CACHES
@@ -55,7 +60,7 @@ def check_redis_alias(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
     return []
 
 
-@checks.register(checks.Tags.compatibility)
+@checks.register(checks.Tags.compatibility, TAG)
 def check_grace(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """The scan's grace must outlast a lease and every retry, or it races the consumer."""
     needed = settings.LEASE_SECONDS + sum(settings.RETRY_DELAYS)
@@ -70,7 +75,7 @@ def check_grace(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
     )]
 
 
-@checks.register(checks.Tags.compatibility)
+@checks.register(checks.Tags.compatibility, TAG)
 def check_use_tz(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     if not django_settings.USE_TZ:
         return [checks.Error(
@@ -82,7 +87,7 @@ def check_use_tz(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
     return []
 
 
-@checks.register(checks.Tags.models)
+@checks.register(checks.Tags.models, TAG)
 def check_order_model(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """The order model's status declarations must fit its own status field."""
     try:
@@ -178,7 +183,7 @@ def _index(model: Any) -> list[checks.CheckMessage]:
     )]
 
 
-@checks.register(checks.Tags.caches)
+@checks.register(checks.Tags.caches, TAG)
 def check_dedicated_alias(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """The queue must not sit where the shop's ``cache`` API writes: ``cache.clear()`` would wipe it."""
     from django.core.cache import DEFAULT_CACHE_ALIAS
@@ -209,7 +214,7 @@ def check_dedicated_alias(app_configs: Any = None, **kwargs: Any) -> list[checks
 MIN_REDIS = (6, 2)
 
 
-@checks.register(checks.Tags.caches, deploy=True)
+@checks.register(checks.Tags.caches, TAG, deploy=True)
 def check_redis_server(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``manage.py check --deploy``: the queue's Redis itself (version, eviction, persistence)."""
     from .exceptions import QueueUnavailable
@@ -313,7 +318,7 @@ def _one_node(reply: Any) -> Any:
     return reply
 
 
-@checks.register(checks.Tags.database)
+@checks.register(checks.Tags.database, TAG)
 def check_database_features(app_configs: Any = None, databases: Any = None, deploy: bool = False,
                             **kwargs: Any) -> list[checks.CheckMessage]:
     """The order model's database must skip locked rows (``migrate``, ``check --database``,
@@ -339,14 +344,14 @@ def check_database_features(app_configs: Any = None, databases: Any = None, depl
     )]
 
 
-@checks.register(checks.Tags.database, deploy=True)
+@checks.register(checks.Tags.database, TAG, deploy=True)
 def check_database_features_on_deploy(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``check --deploy`` asks the database too, as it asks Redis (once: with ``--database``
     the check above has answered)."""
     return [] if kwargs.get("databases") else check_database_features(deploy=True)
 
 
-@checks.register(checks.Tags.caches, deploy=True)
+@checks.register(checks.Tags.caches, TAG, deploy=True)
 def check_redis_permissions(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``manage.py check --deploy``: every command the app sends, tried as the queue's Redis user."""
     from .exceptions import QueueUnavailable
@@ -383,7 +388,7 @@ def check_redis_permissions(app_configs: Any = None, **kwargs: Any) -> list[chec
 DJANGO_REDIS_USERNAME = (7, 0)
 
 
-@checks.register(checks.Tags.compatibility)
+@checks.register(checks.Tags.compatibility, TAG)
 def check_client_libraries(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """The installed redis-py and django-redis must do what the queue's alias asks of them.
 

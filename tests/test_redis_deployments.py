@@ -228,13 +228,24 @@ def certificates(tmp_path_factory: pytest.TempPathFactory) -> Path:
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
 
+    # The extensions a strict verifier (Python 3.13's default VERIFY_X509_STRICT) asks
+    # for: a CA that says it signs certificates, a leaf that names its issuer's key.
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
+            "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+            "-addext", "subjectKeyIdentifier=hash",
             "-keyout", "ca.key", "-out", "ca.crt")
     openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout",
             "server.key", "-out", "server.csr")
-    (directory / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    (directory / "server.cnf").write_text(
+        "subjectAltName=IP:127.0.0.1\n"
+        "basicConstraints=critical,CA:FALSE\n"
+        "keyUsage=critical,digitalSignature,keyEncipherment\n"
+        "extendedKeyUsage=serverAuth\n"
+        "subjectKeyIdentifier=hash\n"
+        "authorityKeyIdentifier=keyid\n")
     openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-            "-CAcreateserial", "-days", "2", "-extfile", "san.cnf", "-out", "server.crt")
+            "-CAcreateserial", "-days", "2", "-extfile", "server.cnf", "-out", "server.crt")
     return directory
 
 

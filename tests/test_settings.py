@@ -237,3 +237,16 @@ def test_a_database_without_skip_locked_is_an_error_at_migrate_and_deploy_check(
     assert [m.id for m in messages] == ["order_timeout.E011"] == [m.id for m in deploy]
     assert "SKIP LOCKED" in messages[0].msg and "10.6" in messages[0].hint
     assert unasked == []  # plain `check` does not connect to the database
+
+
+def test_every_check_of_the_app_carries_its_tag_so_a_project_can_ask_only_these():
+    """``check --deploy --tag order_timeout`` is the README's command: a check without the tag
+    would silently drop out of it."""
+    from django.core.checks.registry import registry
+
+    from order_timeout import checks as app_checks
+
+    ours = [check for check in registry.get_checks(include_deployment_checks=True)
+            if check.__module__ == app_checks.__name__]
+    assert len(ours) >= 10
+    assert [check.__name__ for check in ours if app_checks.TAG not in check.tags] == []
