@@ -241,7 +241,7 @@ def certificates(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "subjectAltName=IP:127.0.0.1\n"
         "basicConstraints=critical,CA:FALSE\n"
         "keyUsage=critical,digitalSignature,keyEncipherment\n"
-        "extendedKeyUsage=serverAuth\n"
+        "extendedKeyUsage=serverAuth,clientAuth\n"  # cluster nodes are each other's clients
         "subjectKeyIdentifier=hash\n"
         "authorityKeyIdentifier=keyid\n")
     openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
