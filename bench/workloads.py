@@ -49,10 +49,14 @@ QUICK = Sizes(steady_rate=200, steady_seconds=2, burst=1_000, idle=10_000, celer
 
 
 def reset() -> None:
-    """Empty the orders tables, the queue's Redis database and Celery's broker database."""
-    from testproject.shop.models import OrderStatusChange, ShopOrder
+    """Empty the orders tables (and every table keyed by an order: TRUNCATE reuses the ids, and
+    a payment or a sent reminder left over would hold or silence a new order with its id), the
+    queue's Redis database and Celery's broker database."""
+    from order_timeout.models import DeadLetter, Reminder
+    from testproject.shop.models import OrderPayment, OrderStatusChange, ReminderEmail, ShopOrder
 
-    tables = [model._meta.db_table for model in (Order, ShopOrder, OrderStatusChange)]
+    tables = [model._meta.db_table for model in (Order, ShopOrder, OrderStatusChange, OrderPayment,
+                                                 Reminder, ReminderEmail, DeadLetter)]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(f"TRUNCATE TABLE {', '.join(tables)} CASCADE")

@@ -53,7 +53,9 @@ def lock_orders(manager: Any, pks: Sequence[Any]) -> LockedOrders:
     skip_locked = connections[manager.db].features.has_select_for_update_skip_locked
     # The database's clock, read by the same statement on one row (the first asked for):
     # a datetime per row would cost a conversion per row for one value.
-    locked = (manager.select_for_update(skip_locked=skip_locked).filter(pk__in=pks)
+    # Ordered by the key, not by the model's Meta.ordering: the rows come off the primary key
+    # as they are locked, with no sort of the batch (a filesort per batch on MariaDB).
+    locked = (manager.select_for_update(skip_locked=skip_locked).filter(pk__in=pks).order_by("pk")
               .annotate(_timeout_db_now=Case(When(pk=pks[0], then=DatabaseNow()), default=None,
                                              output_field=DateTimeField())))
     hold = settings.hold_condition()
