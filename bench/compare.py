@@ -28,7 +28,7 @@ FIGURES = (
     ("burst", "lateness_ms", "p99", "burst lateness p99 (ms)"),
     ("burst", "db_queries_per_close", None, "DB queries per burst close"),
     ("burst", "redis_commands_per_close", None, "Redis commands per burst close"),
-    ("idle", "redis_round_trips_per_s", None, "idle Redis round trips/s"),
+    ("idle", "redis_round_trips_per_s", None, "idle Redis commands sent/s"),
 )
 
 

@@ -61,8 +61,9 @@ class ClientCommands:
     """Commands clients send, told apart from those scripts run inside Redis (via MONITOR).
 
     ``total_commands_processed`` counts a script's inner calls too; a consumer
-    that sends one EVALSHA a second makes one round trip a second, however many
-    reads its script does.
+    that sends one EVALSHA a second sends one command a second, however many
+    reads its script does. A pipeline's commands count one each, though they
+    share one round trip (an idle consumer's refresh: two commands, one trip).
     """
 
     def __init__(self, client: Any) -> None:

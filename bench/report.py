@@ -62,7 +62,7 @@ def markdown(data: dict[str, Any]) -> str:
         + (f"| ÷ at {compared['ref']} " if compared else "")
         + "| burst drained in | DB queries / close: steady, burst "
         "| Redis commands / close: steady, burst | idle DB queries/s "
-        "| idle Redis round trips/s (commands run) | memory / pending order | create tx added p50 / p99 (ms) |",
+        "| idle Redis commands sent/s (run inside Redis) | memory / pending order | create tx added p50 / p99 (ms) |",
         "|" + "---|" * (15 + bool(compared)),
     ]
     floor_p99 = (((systems.get("floor") or {}).get("steady") or {}).get("lateness_ms") or {}).get("p99")

@@ -25,6 +25,7 @@ from testproject.shop.models import OrderPayment, Payment, PaymentState, ShopOrd
 
 from .conftest import both_models
 from .helpers import count_in, expiries, leased_members, pending_count, score_of, state
+from .holding import row_locked_elsewhere
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -60,6 +61,22 @@ def test_an_order_whose_payment_is_pending_at_its_deadline_is_held_not_closed(
     assert score_of(queue, str(order.pk)) == now_score(clock()) + RECHECK * 1000
     health = measure(model=order_model, drift=False)
     assert (health.held, health.overdue_unpaid_in_database) == (1, 0)
+
+
+@both_models
+def test_a_pending_payment_whose_row_a_webhook_has_locked_still_holds_its_order(
+        holds, make_order, order_model, consumer):
+    """The webhook's transaction has locked the payment row (to confirm it) but not the order
+    yet: the locking SELECT skips locked rows, and must not skip the payment row it reads in
+    its hold subquery, or the order closes and the confirmation a moment later is refused."""
+    order = make_order(in_seconds=-1)
+    payment = start_payment(order)
+
+    with row_locked_elsewhere(type(payment), payment.pk):
+        stats = consumer().run(once=True)
+
+    assert state(order) == "unpaid" and expiries(order) == 0
+    assert (stats.closed, stats.held) == (0, 1)
 
 
 @both_models
