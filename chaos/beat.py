@@ -67,6 +67,21 @@ class Beat:
         for tick in self._ticks:
             tick.join()
 
+    def scanned_since(self, moment: datetime, timeout: float) -> bool:
+        """Wait (at most ``timeout`` s) for a scan started after ``moment`` to have finished well.
+
+        A scan is a process that starts Django first: on a loaded machine one started a
+        tick after ``moment`` may end seconds later, so a scenario waits for it, not for a
+        fixed margin past the tick.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            if any(scan.started_at > moment and scan.status == 0 for scan in self.scans):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
+
     @property
     def longest_tick(self) -> float:
         return max(self.tick_seconds, default=0.0)

@@ -317,6 +317,7 @@ def held_payments(lab: Lab) -> Story:
         with repeatedly(1.0, pool.kill_one):
             orders.settle_at(plan, threads=8)
             lab.wait_until(until)
+            beat.scanned_since(met_by_scan, timeout=t.compensation_interval + 30)
         story = lab.settle(Story([
             Cohort(NO_PAYMENT, Expect.CLOSED, bounds.consumer_death(t)),
             Cohort(SUCCEEDED, Expect.PAID, None),
