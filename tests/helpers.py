@@ -265,12 +265,22 @@ class RecordingConnection(Connection):
         self._handshaking = False
         self._last: RoundTrip | None = None
 
+    # The handshake runs in on_connect() (redis-py 5.0), which newer redis-py makes call
+    # on_connect_check_health(): both are marked, whichever this redis-py has.
+    def on_connect(self) -> None:
+        self._mark_handshake(super().on_connect)
+
     def on_connect_check_health(self, check_health: bool = True) -> None:
+        self._mark_handshake(lambda: super(RecordingConnection, self).on_connect_check_health(
+            check_health=check_health))
+
+    def _mark_handshake(self, connect: Any) -> None:
+        outer = self._handshaking
         self._handshaking = True
         try:
-            super().on_connect_check_health(check_health=check_health)
+            connect()
         finally:
-            self._handshaking = False
+            self._handshaking = outer
 
     def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         parts = [command] if isinstance(command, (bytes, str, memoryview)) else command
