@@ -44,9 +44,10 @@ SCRIPT_NAMES = ("schedule", "claim", "forget", "reschedule", "retry", "renew", "
 # batch of up to 500 is acked, retried or renewed in one call (BATCH_SIZE's default is 200).
 SLICE = 500
 # Most members one schedule call adds: each is a ZADD into a sorted set that may hold
-# millions. 200 into a sorted set of a million took 1.4 ms (median) on the benchmark
-# machine, 500 took 3.5 ms and sometimes over 5 (docs/benchmarks.md, the bulk schedule).
-SCHEDULE_SLICE = 200
+# millions. On the benchmark machine 500 into a sorted set of a million took 3.5 ms
+# (median) and sometimes over 5; 200 took 1.4 ms, but its slowest of 5,000 calls once
+# reached 5.8 ms; 100 keeps even a slow call well under 5 ms (docs/benchmarks.md).
+SCHEDULE_SLICE = 100
 
 T = TypeVar("T")
 
