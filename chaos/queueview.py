@@ -38,6 +38,22 @@ def inject_malformed(members: Iterable[str], due: datetime) -> None:
     _queue().schedule({member: deadline_score(due) for member in members})
 
 
+def inject_poison(due: datetime, tag: str) -> int:
+    """Put into every shard's pending set a member that is not UTF-8, due at ``due``, and one
+    scored +inf: what another program writing the same key could leave there. Returns how many."""
+    queue = _queue()
+    for shard in queue.shards:
+        queue.client.zadd(shard.keys.pending, {b"\xff\xfe" + tag.encode(): deadline_score(due),
+                                               f"far-{tag}".encode(): "+inf"})
+    return 2 * len(queue.shards)
+
+
+def quarantined() -> int:
+    """Members in the quarantine of every shard and kind."""
+    now = now_score(timezone.now())
+    return sum(_queue(kind).stats(now).quarantined for kind in (CLOSE, REMIND))
+
+
 def queued(besides: Iterable[str] = ()) -> int:
     """Members pending or leased, closes and reminders, in every shard, other than ``besides``
     (close members that rightly stay: orders held by a payment still in flight)."""

@@ -13,7 +13,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection, connections, transaction
@@ -437,6 +437,28 @@ def malformed(lab: Lab) -> Story:
     story.checks.append(Check("every malformed member was dropped from Redis", not left,
                               f"still there: {left[:5]!r}"))
     story.facts["malformed members injected"] = len(junk)
+    return story
+
+
+@scenario("poison", "members that are not UTF-8 and scores of +inf injected into Redis during the sigkill "
+                    "loop")
+def poison(lab: Lab) -> Story:
+    injected = 0
+
+    def inject() -> None:
+        nonlocal injected
+        injected += queueview.inject_poison(datetime.now(UTC) - timedelta(seconds=1), f"{injected}")
+
+    with lab.consumers(CONSUMERS, CHAOS_DELIVERY_DELAY=0.002) as pool, lab.beat():
+        created = lab.create_orders(spread=1.6 * lab.sizes.spread)
+        with repeatedly(1.0, pool.kill_one), repeatedly(0.5, inject):
+            lab.wait_until(lab.after(created.last_deadline, lab.tuning.lease_seconds))
+        story = lab.settle(Story([Cohort("orders", Expect.CLOSED, bounds.consumer_death(lab.tuning))]))
+    moved = queueview.quarantined()
+    story.checks.append(Check("every injected member was moved to the quarantine, none left queued",
+                              injected > 0 and moved == injected, f"{moved} of {injected}"))
+    story.checks.append(Check("consumers were killed while the poison came in", pool.kills > 0))
+    story.facts["poisoned members injected"] = injected
     return story
 
 

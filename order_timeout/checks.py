@@ -97,6 +97,24 @@ def check_order_model(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
     return check_status_declarations(model)
 
 
+@checks.register(checks.Tags.models, TAG)
+def check_hold_condition(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """HOLD_CONDITION must compile against the order model: a mistake here would fail every due order."""
+    from .rowlock import validate_hold_condition
+
+    try:
+        model = get_order_model()
+        validate_hold_condition(model)
+    except ImproperlyConfigured as exc:
+        return [checks.Error(
+            str(exc),
+            hint="A Q over the order model's own fields and relations, e.g. "
+                 "Q(payments__state='pending'), or the dotted path of a callable returning one. "
+                 "Consumers refuse to start until it fits.",
+            id="order_timeout.E013")]
+    return []
+
+
 def check_status_declarations(model: Any) -> list[checks.CheckMessage]:
     """What ``check_order_model`` reports for one model (any ``TimeoutOrderMixin`` subclass)."""
     name = model.TIMEOUT_STATUS_FIELD

@@ -363,12 +363,18 @@ class CompensationScan:
                     self.queue.of_kind(REMIND), self._reminders_to_send(rows, leads))
 
     def _restore(self, queue: TimeoutQueue, scores: dict[str, int]) -> int:
-        """Put back the members Redis lost; how many (with dry_run: would)."""
-        missing = queue.missing(scores)
+        """Put back the members Redis lost, or holds at a score no deadline can have; how many
+        (with dry_run: would)."""
+        positions = queue.positions(scores)
+        missing = [member for member, where in positions.items() if where.missing and not where.unreadable]
+        unreadable = [member for member, where in positions.items() if where.unreadable]
         if self.result.dry_run:
-            return len(missing)
-        # NX: a member that came back since missing() keeps its score.
-        return queue.schedule({member: scores[member] for member in missing}, only_missing=True)
+            return len(missing) + len(unreadable)
+        # NX: a member that came back since positions() keeps its score. A score past any
+        # deadline (+inf) is lowered to the row's (the schedule script's ZADD LT).
+        queue.schedule({member: scores[member] for member in unreadable})
+        return len(unreadable) + queue.schedule({member: scores[member] for member in missing},
+                                                only_missing=True)
 
     def _reminders_to_send(self, rows: list[tuple[Any, datetime]], leads: list[int]) -> dict[str, int]:
         """The reminder members of these orders, not sent (nor passed over) for their deadline yet.

@@ -8,6 +8,7 @@ the cache is dropped whenever Django reports the setting changed.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -98,6 +99,9 @@ DEFAULTS: dict[str, Any] = {
 }
 
 MAX_BATCH_SIZE = 10_000
+# The longest any setting of seconds may be: a century. Past it a deadline (now + it) soon
+# leaves what a datetime, a Redis score and a thread's wait can hold; no shop needs more.
+MAX_SECONDS = 100 * 365 * 86_400
 # A window is a few milliseconds; one of a second would be lateness, not batching.
 MAX_BATCH_WINDOW = 0.1
 # More shards than a cluster has slots' worth of masters buys nothing.
@@ -114,12 +118,18 @@ def _setting_error(key: str, problem: str) -> ImproperlyConfigured:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A real, finite number (not a bool): inf and NaN pass every comparison with a bound."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _seconds(value: Any, *, zero: bool = False) -> bool:
+    return _is_number(value) and (value >= 0 if zero else value > 0) and value <= MAX_SECONDS
 
 
 def _positive_number(key: str, value: Any) -> None:
-    if not _is_number(value) or value <= 0:
-        raise _setting_error(key, f"must be a positive number of seconds, got {value!r}.")
+    if not _seconds(value):
+        raise _setting_error(key, f"must be a positive number of seconds, at most {MAX_SECONDS:,} "
+                                  f"(a century), got {value!r}.")
 
 
 def _batch_size(key: str, value: Any) -> None:
@@ -128,8 +138,9 @@ def _batch_size(key: str, value: Any) -> None:
 
 
 def _non_negative_number(key: str, value: Any) -> None:
-    if not _is_number(value) or value < 0:
-        raise _setting_error(key, f"must be a number of seconds >= 0, got {value!r}.")
+    if not _seconds(value, zero=True):
+        raise _setting_error(key, f"must be a number of seconds >= 0, at most {MAX_SECONDS:,} "
+                                  f"(a century), got {value!r}.")
 
 
 def _batch_window(key: str, value: Any) -> None:
@@ -149,10 +160,9 @@ def _shards(key: str, value: Any) -> None:
 
 
 def _delays(key: str, value: Any) -> None:
-    if not isinstance(value, (list, tuple)) or not all(
-        _is_number(delay) and delay > 0 for delay in value
-    ):
-        raise _setting_error(key, f"must be a list of positive numbers of seconds, got {value!r}.")
+    if not isinstance(value, (list, tuple)) or not all(_seconds(delay) for delay in value):
+        raise _setting_error(key, f"must be a list of positive numbers of seconds, each at most "
+                                  f"{MAX_SECONDS:,} (a century), got {value!r}.")
 
 
 def _non_empty_str(key: str, value: Any) -> None:
@@ -223,11 +233,11 @@ def _hold_condition(key: str, value: Any) -> None:
 
 
 def _reminders(key: str, value: Any) -> None:
-    if not isinstance(value, (list, tuple)) or not all(
-        _is_number(seconds) and seconds > 0 for seconds in value
-    ) or len(set(value)) != len(value):
+    if not isinstance(value, (list, tuple)) or not all(_seconds(seconds) for seconds in value) \
+            or len(set(value)) != len(value):
         raise _setting_error(key, "must be a list of distinct positive numbers of seconds before "
-                                  f"the deadline, e.g. [900, 60], got {value!r}.")
+                                  f"the deadline (each at most {MAX_SECONDS:,}), e.g. [900, 60], "
+                                  f"got {value!r}.")
 
 
 VALIDATORS: dict[str, Callable[[str, Any], None]] = {
@@ -295,11 +305,20 @@ class OrderTimeoutSettings:
 
 
     def hold_condition(self) -> Q | None:
-        """The hold condition as a Q (a dotted path's callable is called now), or None."""
+        """The hold condition as a Q (a dotted path's callable is called now), or None.
+
+        ``ImproperlyConfigured`` naming the key when the callable raises or returns no Q.
+        """
         value = self.HOLD_CONDITION
         if value is None or isinstance(value, Q):
             return value
-        condition = _import("HOLD_CONDITION", value)()
+        try:
+            condition = _import("HOLD_CONDITION", value)()
+        except ImproperlyConfigured:
+            raise
+        except Exception as exc:
+            raise _setting_error("HOLD_CONDITION", f"names {value!r}, which raised "
+                                                   f"{type(exc).__name__}: {exc}") from exc
         if not isinstance(condition, Q):
             raise _setting_error("HOLD_CONDITION", f"names {value!r}, which returned "
                                                    f"{type(condition).__name__}, not a Q object.")

@@ -38,6 +38,7 @@ from .models import TimeoutOrderMixin
 from .queue import BUSY, HELD, Claim, Lanes, TimeoutQueue
 from .reminders import ReminderProcessor, ReminderReport
 from .rota import ShardRota
+from .rowlock import validate_hold_condition
 from .stuck import exit_stuck
 from .wakeups import WakeListener
 
@@ -113,8 +114,10 @@ class Consumer:
         metrics: ConsumerMetrics | None = None,
         exit_when_stuck: bool = False,
     ) -> None:
-        self.queue = queue or TimeoutQueue.from_settings()
         self.model = model or get_order_model()
+        # A setting mistake must stop the consumer here, never fail the orders it claims.
+        validate_hold_condition(self.model)
+        self.queue = queue or TimeoutQueue.from_settings()
         self.batch_size = batch_size if batch_size is not None else settings.BATCH_SIZE
         if not 1 <= self.batch_size <= MAX_BATCH_SIZE:
             raise ValueError(f"batch_size must be from 1 to {MAX_BATCH_SIZE}, got {self.batch_size}")
@@ -230,8 +233,9 @@ class Consumer:
             except ValueError:
                 malformed.append(member)
         if malformed:
-            logger.error("Dropping %d malformed member(s) from the timeout queue: %r",
+            logger.error("Dropping %d malformed member(s) from the timeout queue into its quarantine: %r",
                          len(malformed), malformed[:20])
+            self.queue.quarantine(claim.token, malformed, now_score(now))
 
         with self._watching(claim) as batch:
             outcome = close_expired(self.model, list(by_pk),
@@ -243,7 +247,7 @@ class Consumer:
             logger.warning("No %s row for member(s) %r; dropped.", self.model.__name__,
                            [by_pk[pk] for pk in outcome.missing][:20])
         done = [*outcome.closed, *outcome.settled, *outcome.missing]
-        self.queue.ack(claim.token, [*malformed, *(by_pk[pk] for pk in done)])
+        self.queue.ack(claim.token, [by_pk[pk] for pk in done])
         self.queue.reschedule(claim.token, {
             by_pk[pk]: deadline_score(deadline) for pk, deadline in outcome.not_due.items()})
         # Locked by someone else: look again shortly, not counted as a failure.
@@ -315,7 +319,8 @@ class Consumer:
         try:
             pk = parse_member(self.model, member)
         except ValueError:
-            self.queue.ack(claim.token, [member])
+            logger.error("Dropping a malformed member from the timeout queue into its quarantine: %r", member)
+            self.queue.quarantine(claim.token, [member], now_score(now))
             return BatchReport(claimed=1, dropped=1)
         error = RepeatedTakeover(
             f"Its consumer died, froze or overran LEASE_SECONDS with it {claim.takeovers} times "

@@ -55,6 +55,9 @@ class Health:
     # Reminders (ORDER_TIMEOUT["REMINDERS"]) waiting for their moment, and past it not claimed yet.
     reminders_pending: int = 0
     reminders_due: int = 0
+    # Members moved out of the queue because they name no order (not UTF-8, malformed, scored
+    # past any deadline), every kind: for a person to look at (nothing else reads them).
+    quarantined: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,15 +90,16 @@ def measure(now: datetime | None = None, *, model: type[TimeoutOrderMixin] | Non
         overdue_unpaid_in_database=_overdue(rows, now).count(),
         unpaid_without_deadline=rows.filter(expires_at__isnull=True).count(),
         drift=count_drift(model, queue) if drift else None,
-        **_reminders(queue, now),
+        **_reminders(queue, now, stats.quarantined),
     )
 
 
-def _reminders(queue: TimeoutQueue, now: datetime) -> dict[str, int]:
+def _reminders(queue: TimeoutQueue, now: datetime, quarantined: int) -> dict[str, int]:
     if not settings.REMINDERS:
-        return {}
+        return {"quarantined": quarantined}
     stats = queue.of_kind(REMIND).stats(now_score(now))
-    return {"reminders_pending": stats.pending, "reminders_due": stats.due}
+    return {"reminders_pending": stats.pending, "reminders_due": stats.due,
+            "quarantined": quarantined + stats.quarantined}
 
 
 def _overdue(rows: Any, now: datetime) -> Any:

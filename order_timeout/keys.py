@@ -86,6 +86,12 @@ class QueueKeys:
         return self._key("held")
 
     @property
+    def quarantine(self) -> str:
+        """Sorted set: member = a member that names no order (not UTF-8, malformed, scored past any
+        deadline) as Redis held it, score = when it was moved here (ms). For a person to look at."""
+        return self._key("quarantine")
+
+    @property
     def wake(self) -> str:
         """(Sharded) pub/sub channel: a new earliest deadline (ms) of this shard, for consumers."""
         return self._key("wake")
@@ -98,7 +104,7 @@ class QueueKeys:
     def all(self) -> list[str]:
         """Every key of the shard that holds data (for resharding and tests)."""
         return [self.pending, self.leased, self.owners, self.attempts, self.first_failure,
-                self.takeovers, self.busy, self.held]
+                self.takeovers, self.busy, self.held, self.quarantine]
 
 
 @dataclass(frozen=True)

@@ -163,6 +163,8 @@ class BacklogCollector:
             "order_timeout_taken_over": ("Members taken over from a consumer that died with them.",
                                          "taken_over"),
             "order_timeout_held": ("Due members held by a payment in flight (HOLD_CONDITION).", "held"),
+            "order_timeout_quarantined": ("Members moved out of the queue because they name no order.",
+                                          "quarantined"),
         }
         for name, (text, field) in gauges.items():
             family = GaugeMetricFamily(name, text, labels=["shard"])

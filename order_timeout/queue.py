@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -39,7 +40,7 @@ from .keys import CLOSE, GlobalKeys, QueueKeys, shard_of
 logger = logging.getLogger("order_timeout")
 
 SCRIPT_NAMES = ("schedule", "claim", "forget", "reschedule", "retry", "renew", "move_out", "positions",
-                "renew_lock", "release_lock")
+                "renew_lock", "release_lock", "quarantine")
 # Most members one script call carries, so no call holds Redis for long: a claimed
 # batch of up to 500 is acked, retried or renewed in one call (BATCH_SIZE's default is 200).
 SLICE = 500
@@ -50,6 +51,14 @@ SLICE = 500
 SCHEDULE_SLICE = 100
 
 T = TypeVar("T")
+
+# The latest deadline a score can stand for: 9999-12-31 23:59:59.999999 UTC (a datetime holds
+# no later one) in ms, rounded up. A score past it (+inf) was written by something else: its
+# member is quarantined, never waited for.
+MAX_SCORE = 253_402_300_800_000
+# A lane's next score when it holds a score no deadline can have: "look now", so the claim
+# that comes next quarantines it.
+LOOK_NOW = 0
 
 # Why a member went back to pending (``reschedule``'s mark), kept with its first time.
 BUSY = "busy"
@@ -73,6 +82,26 @@ def redis_errors(action: str) -> Iterator[None]:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def _score(value: bytes | str | float | None) -> int | None:
+    """A score as whole ms, or None when there is none or it is no deadline (+inf, past year 9999)."""
+    if value is None or value == b"" or value == "":
+        return None
+    number = float(value)
+    if not math.isfinite(number) or number > MAX_SCORE:
+        return None
+    return int(number)
+
+
+def _is_deadline(value: bytes | str | float) -> bool:
+    """Whether a score Redis holds can be a deadline (finite, and no later than year 9999)."""
+    return _score(value) is not None
+
+
+def escaped(members: Iterable[bytes | str]) -> str:
+    """Members for a log line: as Redis holds them, undecodable bytes escaped."""
+    return ", ".join(repr(member) for member in members)
 
 
 def _pairs(deadlines: Mapping[str, int]) -> list[Any]:
@@ -116,6 +145,9 @@ class QueueStats:
     # Members held by a payment in flight (HOLD_CONDITION), and since when the oldest has been.
     held: int = 0
     oldest_held_ms: int | None = None
+    # Members moved out of the queue because they name no order (undecodable, malformed,
+    # scored past any deadline): for a person to look at.
+    quarantined: int = 0
 
     @staticmethod
     def add(parts: Iterable[QueueStats]) -> QueueStats:
@@ -132,6 +164,7 @@ class QueueStats:
             oldest_busy_ms=earliest(p.oldest_busy_ms for p in parts),
             taken_over=sum(p.taken_over for p in parts),
             held=sum(p.held for p in parts), oldest_held_ms=earliest(p.oldest_held_ms for p in parts),
+            quarantined=sum(p.quarantined for p in parts),
         )
 
 
@@ -150,6 +183,8 @@ class Claim:
     shard: int = 0
     # The kind of timer claimed (keys.CLOSE or keys.REMIND).
     kind: str = CLOSE
+    # Members moved to the quarantine instead (undecodable, or scored past any deadline).
+    quarantined: int = 0
 
 
 @dataclass(frozen=True)
@@ -158,6 +193,9 @@ class Position:
 
     pending_ms: int | None
     lease_ms: int | None
+    # A score no deadline can have (+inf, past year 9999): read as no score at all, so the
+    # scan closes the order if it is overdue and the rebuild puts a real deadline back.
+    unreadable: bool = False
 
     @property
     def missing(self) -> bool:
@@ -208,6 +246,10 @@ class Shard:
         Expired leases go first unless ``due_first``: a consumer alternates, so
         a dead consumer's batch, taken over one member at a time, and the
         orders falling due meanwhile each get every other claim.
+
+        A member that is not UTF-8, and a next score no deadline can have, are
+        moved to the quarantine in the same call (logged once, escaped): they
+        are never handed to the caller, and the members claimed with them are.
         """
         keys = self.keys
         with redis_errors("claim"):
@@ -215,12 +257,47 @@ class Shard:
                 keys=[keys.pending, keys.leased, keys.owners, keys.takeovers],
                 args=[due_ms, limit, lease_until_ms, token, "due" if due_first else "takeover"],
             )
-        next_score = _text(reply[0])
+        try:
+            raw_next, takeovers, raw_members = reply[0], int(reply[1]), list(reply[2:])
+            far = bool(raw_next) and not _is_deadline(raw_next)
+        except (TypeError, ValueError, IndexError, OverflowError) as exc:
+            # Only a script other than ours answers so; its members stay leased and are taken over.
+            raise QueueUnavailable(f"Redis answered a claim with {reply!r:.200}, which the claim "
+                                   f"script never returns ({type(exc).__name__}: {exc})") from exc
+        members: list[str] = []
+        unreadable: list[bytes | str] = []
+        for member in raw_members:
+            try:
+                members.append(_text(member))
+            except UnicodeDecodeError:
+                unreadable.append(member)
+        quarantined = self.quarantine(token, unreadable, due_ms, sweep=far) if unreadable or far else 0
+        if quarantined:
+            logger.error("Moved %d member(s) of %s into its quarantine: not UTF-8, or scored past any "
+                         "deadline (%s). They name no order; the queue goes on without them.",
+                         quarantined, keys.pending, escaped(unreadable) if unreadable else "far scores")
         return Claim(
-            members=[_text(member) for member in reply[2:]],
-            next_score=int(float(next_score)) if next_score else None,
-            token=token, takeovers=int(reply[1]), shard=self.index, kind=self.keys.kind,
+            members=members,
+            # After a quarantine the next score is unknown: look again now.
+            next_score=LOOK_NOW if quarantined else None if far else _score(raw_next),
+            token=token, takeovers=takeovers if members else 0, shard=self.index, kind=self.keys.kind,
+            quarantined=quarantined,
         )
+
+    def quarantine(self, token: str, members: Sequence[bytes | str], now_ms: int, *,
+                   sweep: bool = True) -> int:
+        """Move ``members`` (and, with ``sweep``, members scored past any deadline) to the quarantine."""
+        keys = self.keys
+        moved = 0
+        with redis_errors("quarantine members"):
+            for part in _slices(list(members)) if members else [[]]:
+                if not part and not sweep:
+                    continue
+                moved += int(self.scripts["quarantine"](
+                    keys=[keys.pending, keys.leased, keys.owners, keys.attempts, keys.first_failure,
+                          keys.takeovers, keys.busy, keys.held, keys.quarantine],
+                    args=[now_ms, MAX_SCORE if sweep else "+inf", token, *part]))
+        return moved
 
     def retry(self, token: str, members: Sequence[str], now_ms: int,
               delays_ms: list[int]) -> list[Retry]:
@@ -269,11 +346,10 @@ class Shard:
             for part in _slices(members):
                 if not part:
                     continue
-                reply = [_text(value) for value in self.scripts["positions"](
-                    keys=[self.keys.pending, self.keys.leased], args=list(part))]
+                reply = self.scripts["positions"](keys=[self.keys.pending, self.keys.leased], args=list(part))
                 for member, pending, lease in zip(part, reply[:len(part)], reply[len(part):], strict=True):
-                    found[member] = Position(int(float(pending)) if pending else None,
-                                             int(float(lease)) if lease else None)
+                    found[member] = Position(_score(pending), _score(lease),
+                                             unreadable=bool(pending) and _score(pending) is None)
         return found
 
     def stats(self, now_ms: int) -> QueueStats:
@@ -291,15 +367,19 @@ class Shard:
             pipe.hlen(keys.takeovers)
             pipe.zcard(keys.held)
             pipe.zrange(keys.held, 0, 0, withscores=True)
+            pipe.zcard(keys.quarantine)
             (pending, due, leased, expired, first_pending, first_lease, busy, first_busy,
-             taken_over, held, first_held) = pipe.execute()
-        waiting = [int(first[0][1]) for first in (first_pending, first_lease)
-                   if first and first[0][1] <= now_ms]
+             taken_over, held, first_held, quarantined) = pipe.execute()
+
+        def first_score(first: list[Any]) -> int | None:
+            return _score(first[0][1]) if first else None
+
+        waiting = [score for score in map(first_score, (first_pending, first_lease))
+                   if score is not None and score <= now_ms]
         return QueueStats(pending=pending, due=due, leased=leased, expired_leases=expired,
                           oldest_due_ms=min(waiting) if waiting else None, busy=busy,
-                          oldest_busy_ms=int(first_busy[0][1]) if first_busy else None,
-                          taken_over=taken_over, held=held,
-                          oldest_held_ms=int(first_held[0][1]) if first_held else None)
+                          oldest_busy_ms=first_score(first_busy), taken_over=taken_over, held=held,
+                          oldest_held_ms=first_score(first_held), quarantined=quarantined)
 
 
 class TimeoutQueue:
@@ -409,6 +489,20 @@ class TimeoutQueue:
     def renew(self, token: str, members: Iterable[str], until_ms: int) -> int:
         """Move the leases this claim holds to ``until_ms``."""
         return sum(shard.renew(token, part, until_ms) for shard, part in self.by_shard(members).items())
+
+    def quarantine(self, token: str, members: Iterable[str], now_ms: int) -> int:
+        """Move members this claim holds that name no order (malformed) to their shards' quarantine."""
+        return sum(shard.quarantine(token, part, now_ms, sweep=False)
+                   for shard, part in self.by_shard(members).items())
+
+    def quarantined(self, limit: int = 20) -> list[bytes]:
+        """The members in the quarantine, latest first, at most ``limit`` (raw: they may not be text)."""
+        found: list[tuple[float, bytes]] = []
+        with redis_errors("read the quarantine"):
+            for shard in self.shards:
+                found += [(score, member) for member, score in
+                          self.client.zrange(shard.keys.quarantine, 0, limit - 1, desc=True, withscores=True)]
+        return [member for _score_ms, member in sorted(found, reverse=True)[:limit]]
 
     def hand_over(self, token: str, members: Iterable[str], now_ms: int) -> int:
         """Let the leases this claim holds run out now: the next claims take them over.
@@ -522,8 +616,10 @@ class Lanes:
             replies = pipe.execute()
         result: dict[int, int | None] = {}
         for lane in range(len(self.shards)):
-            firsts = [int(reply[0][1]) for reply in replies[2 * lane:2 * lane + 2] if reply]
-            result[lane] = min(firsts) if firsts else None
+            # A score no deadline can have reads as "look now": the claim then quarantines it.
+            firsts = [LOOK_NOW if _score(reply[0][1]) is None else _score(reply[0][1])
+                      for reply in replies[2 * lane:2 * lane + 2] if reply]
+            result[lane] = min(firsts) if firsts else None  # type: ignore[type-var]
         return result
 
 

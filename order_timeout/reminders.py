@@ -73,7 +73,9 @@ class ReminderProcessor:
             except ValueError:
                 malformed.append(member)
         if malformed:
-            logger.error("Dropping %d malformed reminder member(s): %r", len(malformed), malformed[:20])
+            logger.error("Dropping %d malformed reminder member(s) into the quarantine: %r", len(malformed),
+                         malformed[:20])
+            self.queue.quarantine(claim.token, malformed, now_score(now))
         if claim.takeovers > self.max_takeovers:
             return self._give_up_taken_over(claim, by_key, malformed, now)
 
@@ -82,7 +84,7 @@ class ReminderProcessor:
         learn_clock(outcome.db_now)
         sent_at = clock()
         token = claim.token
-        self.queue.ack(token, [*malformed, *(by_key[key] for key in
+        self.queue.ack(token, [*(by_key[key] for key in
                                             (*outcome.sent, *outcome.done, *outcome.held, *outcome.missing))])
         self.queue.reschedule(token, {by_key[key]: deadline_score(moment)
                                       for key, moment in outcome.not_yet.items()})
@@ -127,7 +129,6 @@ class ReminderProcessor:
     def _give_up_taken_over(self, claim: Claim, by_key: dict[Key, str], malformed: list[str],
                             now: datetime) -> ReminderReport:
         """A reminder whose consumers kept dying with it: recorded failed, not tried again."""
-        self.queue.ack(claim.token, malformed)
         logger.error("reminder member(s) %s taken over %d times: given up without another try.",
                      ", ".join(by_key.values()), claim.takeovers)
         return ReminderReport(claimed=len(claim.members), given_up=self._record_given_up(

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
-from django.db import connections
-from django.db.models import Case, DateTimeField, Exists, OuterRef, When
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections, router
+from django.db.models import Case, DateTimeField, Exists, OuterRef, Q, When
 
 from .conf import settings
 from .dberrors import is_lock_conflict
@@ -60,8 +61,7 @@ def lock_orders(manager: Any, pks: Sequence[Any]) -> LockedOrders:
                                              output_field=DateTimeField())))
     hold = settings.hold_condition()
     if hold is not None:
-        locked = locked.annotate(_timeout_held=Exists(
-            manager.model._base_manager.filter(hold, pk=OuterRef("pk"))))
+        locked = locked.annotate(_timeout_held=_held(manager.model, hold))
     found = LockedOrders(rows={order.pk: order for order in locked})
     found.db_now = next((order._timeout_db_now for order in found.rows.values()
                          if order._timeout_db_now is not None), None)
@@ -73,6 +73,33 @@ def lock_orders(manager: Any, pks: Sequence[Any]) -> LockedOrders:
     if absent:
         found.busy = set(manager.filter(pk__in=absent).values_list("pk", flat=True))
     return found
+
+
+def _held(model: Any, hold: Q) -> Exists:
+    """Whether the hold condition holds the outer row: a subquery on its key, so a condition over
+    a related table never repeats rows."""
+    return Exists(model._base_manager.filter(hold, pk=OuterRef("pk")))
+
+
+def validate_hold_condition(model: Any, using: str | None = None) -> None:
+    """Build and compile the locking SELECT's hold subquery for ``model``, without running it.
+
+    ``ImproperlyConfigured`` naming ``HOLD_CONDITION`` when it does not fit the model (a field it
+    does not have, a callable that raises or returns no ``Q``): found by ``manage.py check``
+    and when a consumer starts, never by a due order.
+    """
+    hold = settings.hold_condition()
+    if hold is None:
+        return
+    using = using or router.db_for_write(model)
+    try:
+        query = model._base_manager.db_manager(using).filter(pk=None).annotate(
+            _timeout_held=_held(model, hold)).query
+        query.get_compiler(using=using).as_sql()
+    except Exception as exc:
+        raise ImproperlyConfigured(
+            f"ORDER_TIMEOUT['HOLD_CONDITION'] does not fit {model._meta.label}: "
+            f"{type(exc).__name__}: {exc}") from exc
 
 
 class StillConflicting(Exception):

@@ -8,6 +8,7 @@ import sys
 import pytest
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
+from django.db.models import Q
 from django.test import override_settings
 from django_redis import get_redis_connection
 
@@ -250,3 +251,62 @@ def test_every_check_of_the_app_carries_its_tag_so_a_project_can_ask_only_these(
             if check.__module__ == app_checks.__name__]
     assert len(ours) >= 10
     assert [check.__name__ for check in ours if app_checks.TAG not in check.tags] == []
+
+
+# -- every number finite and bounded; the hold condition compiled against the order model ------
+
+INF, NAN = float("inf"), float("nan")
+
+
+@pytest.mark.parametrize("key, value", [
+    ("DEFAULT_TIMEOUT", INF), ("DEFAULT_TIMEOUT", NAN), ("DEFAULT_TIMEOUT", 1e12),
+    ("LEASE_SECONDS", INF), ("MAX_WAIT", INF), ("MAX_WAIT", NAN), ("SCHEDULE_TIMEOUT", INF),
+    ("HOLD_RECHECK", NAN), ("MAX_HOLD", INF), ("MAX_HOLD", NAN), ("MAX_HOLD", 1e12),
+    ("COMPENSATION_GRACE", INF), ("COMPENSATION_INTERVAL", NAN), ("COMPENSATION_LOCK_SECONDS", INF),
+    ("RETRY_DELAYS", [10, INF]), ("RETRY_DELAYS", [NAN]), ("REMINDERS", [INF]), ("REMINDERS", [NAN]),
+    ("REMINDERS", [1e12]), ("BATCH_WINDOW", NAN),
+])
+def test_a_number_that_is_infinite_nan_or_past_what_a_deadline_can_hold_names_its_key(settings, key, value):
+    settings.ORDER_TIMEOUT = {key: value}
+
+    with pytest.raises(ImproperlyConfigured, match=key):
+        order_settings.load()
+
+
+def check_ids(tag: str = "order_timeout") -> list[str]:
+    from django.core import checks
+
+    return [message.id for message in checks.run_checks(tags=[tag])]
+
+
+@pytest.mark.parametrize("condition", [Q(no_such_field=1), Q(payments__no_such_field="pending"),
+                                       "tests.test_settings.not_a_q", "tests.test_settings.raises"],
+                         ids=["unknown-field", "unknown-related-field", "returns-a-str", "raises"])
+def test_a_hold_condition_that_does_not_fit_the_order_model_is_a_check_error(settings, condition):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "HOLD_CONDITION": condition}
+
+    assert "order_timeout.E013" in check_ids()
+
+
+def test_a_hold_condition_that_fits_passes_the_check(settings):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "HOLD_CONDITION": Q(payments__state="pending")}
+
+    assert "order_timeout.E013" not in check_ids()
+
+
+def not_a_q() -> str:
+    return "payments__state=pending"
+
+
+def raises() -> Q:
+    raise RuntimeError("the payments app is not ready")
+
+
+@pytest.mark.django_db
+def test_the_consumer_refuses_to_start_with_a_hold_condition_that_does_not_fit(settings):
+    from django.core.management import CommandError, call_command
+
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "HOLD_CONDITION": Q(no_such_field=1)}
+
+    with pytest.raises(CommandError, match="HOLD_CONDITION.*no_such_field"):
+        call_command("run_timeout_consumer", "--once")

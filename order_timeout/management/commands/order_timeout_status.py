@@ -64,6 +64,11 @@ THRESHOLDS = {
         "Fail when an order has been held by a payment in flight (HOLD_CONDITION) for longer than "
         "this many seconds.",
         "an order has been held by a payment in flight for {value:g}s > --max-held-age {limit:g}"),
+    "max_quarantined": Threshold(
+        "quarantined",
+        "Fail when more members than this were moved out of the queue because they name no order "
+        "(not UTF-8, malformed, scored past any deadline).",
+        "{value} members in the quarantine > --max-quarantined {limit:g}"),
     "max_drift": Threshold(
         "drift",
         "Fail when more unpaid orders with a deadline than this are missing from Redis.",

@@ -9,6 +9,7 @@ from argparse import ArgumentTypeError
 from types import FrameType
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from order_timeout.conf import MAX_BATCH_SIZE
@@ -73,8 +74,11 @@ class Command(BaseCommand):
         self._configure_logging(options["verbosity"])
         # This process is only a consumer: leave it when a receiver is stuck for good.
         serving = options["metrics_port"] is not None
-        consumer = Consumer(batch_size=options["batch_size"], max_wait=options["max_wait"],
-                            exit_when_stuck=True, metrics=ConsumerMetrics(enabled=serving))
+        try:
+            consumer = Consumer(batch_size=options["batch_size"], max_wait=options["max_wait"],
+                                exit_when_stuck=True, metrics=ConsumerMetrics(enabled=serving))
+        except ImproperlyConfigured as exc:
+            raise CommandError(f"Refusing to start: {exc}") from exc
         if options["metrics_port"] is not None:
             try:
                 consumer.metrics.serve(options["metrics_port"], options["metrics_address"])
