@@ -154,9 +154,28 @@ class DeadLetterAdmin(admin.ModelAdmin):
     date_hierarchy = "last_failed_at"
     actions = ["requeue", "close_now"]
     readonly_fields = [field.name for field in DeadLetter._meta.fields]
+    # Only those who act on dead letters read (and search) what the errors said: a message may
+    # carry a row's values. Lookers see each letter's kind of error, counts and state.
+    error_fields = ("last_error",)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # A deleted letter sends its order back to the scan, which closes it: "close now"
+        # without that permission and with no record of who did it.
+        return False
+
+    def may_read_errors(self, request: HttpRequest) -> bool:
+        return self.has_requeue_permission(request) or self.has_close_now_permission(request)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = super().get_fields(request, obj)
+        return fields if self.may_read_errors(request) else [f for f in fields if f not in self.error_fields]
+
+    def get_search_fields(self, request: HttpRequest) -> Any:
+        fields = super().get_search_fields(request)
+        return fields if self.may_read_errors(request) else [f for f in fields if f not in self.error_fields]
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("order_timeout.requeue_deadletter")
@@ -246,6 +265,8 @@ class TimeoutOverviewAdmin(ViewOnlyAdmin):
             "open_dead_letters": open_letters,
             "can_requeue": may["requeue"],
             "can_close": may["close"],
+            # A Redis error names hosts and ports: for those who act on the queue, not every looker.
+            "may_read_errors": may["requeue"] or may["close"] or request.user.is_superuser,
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/order_timeout/overview.html", context)

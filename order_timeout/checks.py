@@ -11,6 +11,7 @@ from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured
 
 from . import get_order_model
 from .conf import settings
+from .redaction import masked
 
 # Every check of this app also carries this tag, so ``check --deploy --tag order_timeout``
 # asks only what this app needs (the queue's Redis, the database), whatever else the
@@ -113,6 +114,42 @@ def check_hold_condition(app_configs: Any = None, **kwargs: Any) -> list[checks.
                  "Consumers refuse to start until it fits.",
             id="order_timeout.E013")]
     return []
+
+
+@checks.register(checks.Tags.models, TAG)
+def check_order_key(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    try:
+        model = get_order_model()
+    except ImproperlyConfigured:
+        return []
+    return check_key_fits(model)
+
+
+# The longest text of each kind of key (an integer's sign and 19 digits, a UUID's 36).
+_KEY_LENGTHS = {"AutoField": 20, "BigAutoField": 20, "SmallAutoField": 6, "IntegerField": 11,
+                "BigIntegerField": 20, "SmallIntegerField": 6, "PositiveIntegerField": 10,
+                "PositiveBigIntegerField": 20, "PositiveSmallIntegerField": 5, "UUIDField": 36}
+
+
+def check_key_fits(model: Any) -> list[checks.CheckMessage]:
+    """The order's key, as text, must fit the columns that record it: a dead letter's or a
+    reminder's ``order_id``. One that does not fails its INSERT, and a failing close would be
+    tried again every retry delay for ever instead of becoming a dead letter."""
+    from .models import DeadLetter, Reminder
+
+    room = min(DeadLetter._meta.get_field("order_id").max_length,
+               Reminder._meta.get_field("order_id").max_length)
+    key = model._meta.pk
+    longest = _KEY_LENGTHS.get(key.get_internal_type(), getattr(key, "max_length", None))
+    if longest is not None and longest <= room:
+        return []
+    size = "of unbounded length" if longest is None else f"up to {longest} characters long"
+    return [checks.Error(
+        f"{model._meta.label}'s primary key {key.name!r} ({type(key).__name__}) is {size} as text; "
+        f"dead letters and reminders record it in {room} characters.",
+        hint=f"Give the order model a primary key that fits in {room} characters (an integer, a UUID, "
+             f"a CharField of max_length <= {room}).",
+        obj=model, id="order_timeout.E015")]
 
 
 def check_status_declarations(model: Any) -> list[checks.CheckMessage]:
@@ -242,7 +279,7 @@ def check_redis_server(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
         with redis_errors("answer"):
             facts = _ServerFacts(TimeoutQueue.from_settings())
     except (QueueUnavailable, ImproperlyConfigured) as exc:
-        return [checks.Warning(f"Could not check the queue's Redis: {exc}",
+        return [checks.Warning(f"Could not check the queue's Redis: {masked(exc)}",
                                hint="Run the deploy checks where Redis answers.",
                                id="order_timeout.W008")]
     memory, persistence, saving = facts.memory, facts.persistence, facts.saving
@@ -400,6 +437,25 @@ def check_redis_permissions(app_configs: Any = None, **kwargs: Any) -> list[chec
         hint=f"Grant them: ACL SETUSER <user> {' '.join(grants)} (docs/operations.md shows the least "
              "rule the app needs).",
         id="order_timeout.W009")]
+
+
+@checks.register(checks.Tags.caches, TAG)
+def check_cluster_location(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A cluster's seeds must parse and agree, or every save would find out (and the consumer not start)."""
+    from .redis_cluster import seed_nodes
+
+    entry = django_settings.CACHES.get(settings.REDIS_ALIAS)
+    if not isinstance(entry, dict) or not _uses_cluster_factory(entry.get("OPTIONS") or {}):
+        return []
+    try:
+        seed_nodes(entry.get("LOCATION", ""))
+    except ImproperlyConfigured as exc:
+        return [checks.Error(
+            masked(exc),
+            hint="List every seed as redis://host:port (or rediss://), each with the same "
+                 "credentials and options, or put the credentials in OPTIONS (USERNAME, PASSWORD).",
+            id="order_timeout.E014")]
+    return []
 
 
 # django-redis passes OPTIONS["USERNAME"] to Redis from this version on.

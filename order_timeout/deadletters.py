@@ -2,14 +2,15 @@
 
 ``requeue`` and ``close_now`` are what the admin's actions call; ``close_now``
 goes through ``closing.close_expired``, the consumer's own close path, so the
-row lock, the status check and ``order_expired`` all still apply.
+row lock, the status check and ``order_expired`` all still apply. Both work in
+chunks of ``STAFF_CHUNK`` letters, a transaction each.
 """
 
 from __future__ import annotations
 
 import traceback
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -108,14 +109,22 @@ def record(model: type[TimeoutOrderMixin], failures: Sequence[Failure], now: dat
     return burial
 
 
+# Dead letters one staff action locks and resolves per transaction: "select all" over
+# thousands must not hold every row locked in one transaction of a web request.
+STAFF_CHUNK = 100
+
+
 def _open_by_model(
     letters: Iterable[DeadLetter],
-) -> dict[type[TimeoutOrderMixin], list[DeadLetter]]:
+) -> Iterator[tuple[type[TimeoutOrderMixin], list[DeadLetter]]]:
+    """The open letters, by order model, in chunks of at most ``STAFF_CHUNK``."""
     grouped: dict[type[TimeoutOrderMixin], list[DeadLetter]] = defaultdict(list)
     for letter in letters:
         if not letter.is_resolved:
             grouped[apps.get_model(letter.order_model)].append(letter)
-    return grouped
+    for model, group in grouped.items():
+        for start in range(0, len(group), STAFF_CHUNK):
+            yield model, group[start:start + STAFF_CHUNK]
 
 
 def _resolve(letter: DeadLetter, resolution: str, user: Any, now: datetime) -> bool:
@@ -149,7 +158,7 @@ def requeue(letters: Iterable[DeadLetter], user: Any, now: datetime,
     """
     queue = queue or TimeoutQueue.from_settings()
     counts: Counter[str] = Counter()
-    for model, group in _open_by_model(letters).items():
+    for model, group in _open_by_model(letters):
         using = router.db_for_write(model)
         with transaction.atomic(using=using), transaction.atomic(using=_db()):
             # Locked, so a payment racing the requeue waits, and then the
@@ -176,7 +185,7 @@ def close_now(letters: Iterable[DeadLetter], user: Any, now: datetime,
               queue: TimeoutQueue | None = None) -> Counter[str]:
     """Run the consumer's close path on these orders once more, now."""
     counts: Counter[str] = Counter()
-    for model, group in _open_by_model(letters).items():
+    for model, group in _open_by_model(letters):
         by_pk = {model._meta.pk.to_python(letter.order_id): letter for letter in group}
         # Bounded like a consumer's close: a hung receiver cannot keep the rows locked.
         with limited_session(router.db_for_write(model), settings.LEASE_SECONDS):

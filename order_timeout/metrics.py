@@ -134,7 +134,15 @@ class ConsumerMetrics:
 
 
 class BacklogCollector:
-    """The backlog gauges, read at scrape time (one pipelined round trip per shard, two small queries)."""
+    """The backlog gauges, read at scrape time (one pipelined round trip per shard, two small queries).
+
+    ``own_connections``: the scrape runs in a thread of its own (a consumer's metrics port),
+    whose database connections nobody else tidies; in a request (``views.metrics``) they are
+    Django's, and may be inside the request's transaction (``ATOMIC_REQUESTS``).
+    """
+
+    def __init__(self, *, own_connections: bool = True) -> None:
+        self.own_connections = own_connections
 
     def collect(self) -> Iterator[Any]:
         from django.db import close_old_connections
@@ -145,7 +153,8 @@ class BacklogCollector:
         from .queue import TimeoutQueue
 
         now = timezone.now()
-        close_old_connections()
+        if self.own_connections:
+            close_old_connections()
         try:
             queue = TimeoutQueue.from_settings()
             per_shard = queue.shard_stats(now_score(now))
@@ -195,11 +204,13 @@ class BacklogCollector:
                 "order_timeout_drift",
                 "Unpaid orders with a deadline the last beat run found missing from Redis.",
                 value=drift)
-        close_old_connections()
+        if self.own_connections:
+            close_old_connections()
 
 
 def backlog_registry() -> Any:
-    """A registry with the backlog gauges only (for the Django view)."""
+    """A registry with the backlog gauges only, for the Django view: the request's connections
+    are left to Django."""
     registry = CollectorRegistry()
-    registry.register(BacklogCollector())
+    registry.register(BacklogCollector(own_connections=False))
     return registry

@@ -36,6 +36,7 @@ from redis.sentinel import SentinelConnectionPool
 
 from .exceptions import QueueUnavailable
 from .keys import CLOSE, GlobalKeys, QueueKeys, shard_of
+from .redaction import masked
 
 logger = logging.getLogger("order_timeout")
 
@@ -77,7 +78,7 @@ def redis_errors(action: str) -> Iterator[None]:
     try:
         yield
     except (RedisError, RedisClusterException) as exc:
-        raise QueueUnavailable(f"Redis failed to {action}: {type(exc).__name__}: {exc}") from exc
+        raise QueueUnavailable(masked(f"Redis failed to {action}: {type(exc).__name__}: {exc}")) from exc
 
 
 def _text(value: bytes | str) -> str:

@@ -41,6 +41,8 @@ from django_redis.pool import ConnectionFactory
 from redis.cluster import REDIS_ALLOWED_KEYS, ClusterNode, RedisCluster
 from redis.connection import SSLConnection, parse_url
 
+from .redaction import masked
+
 # The lowest redis-py whose cluster client the queue works on (CI tests this one).
 MIN_REDIS_PY = "8.1"
 
@@ -55,7 +57,7 @@ def seed_urls(location: str | Sequence[str]) -> list[str]:
     urls = [str(item).strip() for item in items if str(item).strip()]
     if not urls:
         raise ImproperlyConfigured("A Redis Cluster LOCATION must name at least one node, "
-                                   f"got {location!r}.")
+                                   f"got {masked(repr(location))}.")
     return urls
 
 
@@ -64,12 +66,12 @@ def _seed(url: str) -> tuple[ClusterNode, dict[str, Any]]:
     try:
         options = parse_url(url)
     except ValueError as exc:
-        raise ImproperlyConfigured(f"Redis Cluster seed {url!r}: {exc}") from exc
+        raise ImproperlyConfigured(masked(f"Redis Cluster seed {url!r}: {exc}")) from None
     if "path" in options or "host" not in options:
-        raise ImproperlyConfigured(f"Redis Cluster seed {url!r} must be redis://host:port or "
+        raise ImproperlyConfigured(f"Redis Cluster seed {masked(repr(url))} must be redis://host:port or "
                                    "rediss://host:port.")
     if options.pop("db", 0) != 0:
-        raise ImproperlyConfigured(f"Redis Cluster seed {url!r} names a database other than 0; "
+        raise ImproperlyConfigured(f"Redis Cluster seed {masked(repr(url))} names a database other than 0; "
                                    "a cluster has only database 0.")
     node = ClusterNode(options.pop("host"), options.pop("port", 6379))
     return node, options
@@ -82,8 +84,8 @@ def seed_nodes(location: str | Sequence[str]) -> tuple[list[ClusterNode], dict[s
         node, options = _seed(url)
         if shared is not None and options != shared:
             raise ImproperlyConfigured(
-                f"The Redis Cluster seeds in LOCATION {location!r} differ in scheme, credentials "
-                "or options; give every seed the same (or put credentials in OPTIONS).")
+                f"The Redis Cluster seeds in LOCATION {masked(repr(location))} differ in scheme, "
+                "credentials or options; give every seed the same (or put credentials in OPTIONS).")
         nodes.append(node)
         shared = options
     return nodes, shared or {}

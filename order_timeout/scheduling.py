@@ -22,9 +22,9 @@ from django.db.models.signals import post_delete, post_save
 
 from .codec import deadline_score, order_member, reminder_member
 from .conf import settings
-from .exceptions import QueueUnavailable
 from .keys import REMIND
 from .queue import TimeoutQueue
+from .redaction import masked
 from .signals import timeout_state_changed
 
 if TYPE_CHECKING:
@@ -70,11 +70,13 @@ def _sync(change: _Change) -> None:
         queue.sync(change.deadlines, change.gone)
         if change.reminders or change.reminders_gone:
             queue.of_kind(REMIND).sync(change.reminders, change.reminders_gone)
-    except QueueUnavailable as exc:
+    except Exception as exc:  # noqa: BLE001 - the rows committed: no Redis trouble may fail the save
+        # QueueUnavailable above all, but also a LOCATION the cluster factory refuses
+        # (ImproperlyConfigured, which manage.py check reports as E014).
         logger.warning(
-            "Could not update the timeout queue for %d order(s) (%s); the compensation scan "
+            "Could not update the timeout queue for %d order(s) (%s: %s); the compensation scan "
             "will close them if they expire: %s",
-            len(change.deadlines) + len(change.gone), exc,
+            len(change.deadlines) + len(change.gone), type(exc).__name__, masked(exc),
             ", ".join([*change.deadlines, *change.gone][:20]),
         )
         return

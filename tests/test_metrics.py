@@ -115,6 +115,20 @@ def test_the_django_view_exposes_the_backlog_gauges(monitor, make_order, clock):
     assert float(oldest.split()[-1]) >= 29
 
 
+def test_the_view_answers_inside_a_project_with_atomic_requests(monitor, make_order, monkeypatch):
+    """ATOMIC_REQUESTS wraps the view in a transaction: the view must not close the connection
+    under it (the scrape of a consumer's own port does, the request's is Django's to manage)."""
+    from django.db import connection
+
+    monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+    make_order(in_seconds=-30)
+
+    response = monitor.get(METRICS_URL)
+
+    assert response.status_code == 200, response.content
+    assert 'order_timeout_due{shard="0"} 1.0' in response.content.decode()
+
+
 def test_the_view_reports_the_drift_the_last_beat_run_found(monitor, make_order, queue):
     from order_timeout.compensation import compensate
 

@@ -8,8 +8,10 @@ import sys
 import pytest
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
+from django.db import models
 from django.db.models import Q
 from django.test import override_settings
+from django.test.utils import isolate_apps
 from django_redis import get_redis_connection
 
 from order_timeout import get_order_model
@@ -310,3 +312,29 @@ def test_the_consumer_refuses_to_start_with_a_hold_condition_that_does_not_fit(s
 
     with pytest.raises(CommandError, match="HOLD_CONDITION.*no_such_field"):
         call_command("run_timeout_consumer", "--once")
+
+
+# -- the order model's key must fit the columns that record it ---------------------------------
+
+
+@isolate_apps("testproject.shop")
+@pytest.mark.parametrize("key, fits", [
+    (lambda: models.BigAutoField(primary_key=True), True),
+    (lambda: models.UUIDField(primary_key=True), True),
+    (lambda: models.CharField(primary_key=True, max_length=64), True),
+    (lambda: models.CharField(primary_key=True, max_length=65), False),
+    (lambda: models.TextField(primary_key=True), False),
+], ids=["bigint", "uuid", "char-64", "char-65", "text"])
+def test_a_check_errors_when_the_order_models_key_cannot_fit_the_dead_letter_and_reminder_columns(key, fits):
+    from order_timeout.checks import check_key_fits
+    from order_timeout.models import TimeoutOrderMixin
+
+    class LongKeyOrder(TimeoutOrderMixin):
+        id = key()
+        status = models.CharField(max_length=16, default="unpaid")
+
+        class Meta(TimeoutOrderMixin.Meta):
+            app_label = "shop"
+
+    ids = [message.id for message in check_key_fits(LongKeyOrder)]
+    assert ids == ([] if fits else ["order_timeout.E015"])
