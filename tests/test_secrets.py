@@ -19,8 +19,8 @@ from django.core import checks
 from django.test import override_settings
 
 from order_timeout.models import Order
-from order_timeout.redis_cluster import seed_nodes
 from order_timeout.redaction import masked
+from order_timeout.redis_cluster import seed_nodes
 
 from .conftest import PROJECT_ROOT, database_url
 
