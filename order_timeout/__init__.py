@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from asgiref.sync import sync_to_async
+
 if TYPE_CHECKING:
     from .models import TimeoutOrderMixin
 
-__all__ = ["get_order_model", "schedule", "unschedule"]
+__all__ = ["aschedule", "aunschedule", "get_order_model", "schedule", "unschedule"]
 
 
 def get_order_model() -> type[TimeoutOrderMixin]:
@@ -50,3 +52,17 @@ def unschedule(orders: Iterable[TimeoutOrderMixin]) -> None:
     from .scheduling import unschedule as _unschedule
 
     _unschedule(orders)
+
+
+# For async views and webhooks: the sync path through sync_to_async, as Django's asave() does, so
+# a QuerySet is read and the on-commit hook registered on the thread that holds the connection.
+
+
+async def aschedule(orders: Iterable[TimeoutOrderMixin]) -> None:
+    """``schedule()`` for async code (after ``abulk_create()`` or ``aupdate()``): the same on-commit effect."""
+    await sync_to_async(schedule)(orders)
+
+
+async def aunschedule(orders: Iterable[TimeoutOrderMixin]) -> None:
+    """``unschedule()`` for async code: the same on-commit effect."""
+    await sync_to_async(unschedule)(orders)

@@ -137,10 +137,10 @@ def check_key_fits(model: Any) -> list[checks.CheckMessage]:
     tried again every retry delay for ever instead of becoming a dead letter."""
     from .models import DeadLetter, Reminder
 
-    room = min(DeadLetter._meta.get_field("order_id").max_length,
-               Reminder._meta.get_field("order_id").max_length)
+    room: int = min(field.max_length or 0 for field in (DeadLetter._meta.get_field("order_id"),
+                                                        Reminder._meta.get_field("order_id")))
     key = model._meta.pk
-    longest = _KEY_LENGTHS.get(key.get_internal_type(), getattr(key, "max_length", None))
+    longest: int | None = _KEY_LENGTHS.get(key.get_internal_type(), getattr(key, "max_length", None))
     if longest is not None and longest <= room:
         return []
     size = "of unbounded length" if longest is None else f"up to {longest} characters long"

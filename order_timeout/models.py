@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
+from asgiref.sync import sync_to_async
 from django.conf import settings as django_settings
 from django.db import models, router, transaction
 from django.db.models import Q
@@ -338,6 +339,19 @@ class TimeoutOrderMixin(models.Model):
         if extended:
             timeout_state_changed.send(sender=type(self), orders=[self])
         return extended
+
+    # The async faces run the sync path through sync_to_async, as Django's asave() does, so
+    # the conditional UPDATE and the on-commit scheduling stay one path.
+
+    async def amark_paid(self, **fields: Any) -> bool:
+        """``mark_paid()`` for async views and webhooks: the same return value, and the same
+        ``OrderClosed`` when the deadline won (refund)."""
+        return await sync_to_async(self.mark_paid)(**fields)
+
+    async def aextend_deadline(self, until: datetime | None) -> bool:
+        """``extend_deadline()`` for async code: the same return value and exceptions
+        (``OrderClosed``, ``ValueError`` for a naive ``until``)."""
+        return await sync_to_async(self.extend_deadline)(until)
 
     def policy_deadline(self) -> datetime | None:
         """The deadline ``DEADLINE_POLICY`` gives this order now (``policy_deadline(order)``)."""

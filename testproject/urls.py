@@ -9,4 +9,7 @@ urlpatterns = [
     # Not public: a login with view_timeoutoverview, or ORDER_TIMEOUT["METRICS_TOKEN"] as a bearer token.
     path("metrics/order-timeout", views.metrics),
     path("shop/checkout", shop_views.checkout),
+    # Async views: the payment provider's webhook, and a new deadline for an unpaid order.
+    path("shop/orders/<str:pk>/pay", shop_views.pay),
+    path("shop/orders/<str:pk>/extend", shop_views.extend),
 ]
