@@ -523,3 +523,35 @@ def username_messages(options: dict[str, Any], django_redis: tuple[int, ...]) ->
         hint="Put the user in LOCATION instead (redis://user:password@host:6379/1), or upgrade "
              "django-redis to 7.0 or later.",
         id="order_timeout.E010")]
+
+
+@checks.register(checks.Tags.compatibility, TAG)
+def check_database_pooling(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Transaction pooling needs transaction-scoped limits (PostgreSQL's SET LOCAL), and Django
+    told that a server-side cursor cannot outlive its transaction there."""
+    from django.db import connections, router
+
+    if settings.DATABASE_POOLING != "transaction":
+        return []
+    try:
+        alias = router.db_for_write(get_order_model())
+    except ImproperlyConfigured:
+        return []
+    connection = connections[alias]
+    if connection.vendor == "mysql":
+        return [checks.Error(
+            f"ORDER_TIMEOUT['DATABASE_POOLING'] is 'transaction', but the order model's database "
+            f"(alias {alias!r}) is MySQL or MariaDB, which cannot limit one transaction only (no "
+            "SET LOCAL): the limits would leak to the pool's other clients, or be missing.",
+            hint="Use 'session'. A pooler in front of MySQL or MariaDB must keep each client's "
+                 "session variables (docs/operations.md, \"Connection poolers\").",
+            id="order_timeout.E016")]
+    if connection.vendor == "postgresql" and not connection.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
+        return [checks.Warning(
+            f"ORDER_TIMEOUT['DATABASE_POOLING'] is 'transaction', but DATABASES[{alias!r}] does not "
+            "set DISABLE_SERVER_SIDE_CURSORS: through a transaction pooler a server-side cursor "
+            "(QuerySet.iterator(), in a receiver say) is looked for on whichever server "
+            "connection serves the next fetch, and is not there.",
+            hint=f"Set DATABASES[{alias!r}]['DISABLE_SERVER_SIDE_CURSORS'] = True.",
+            id="order_timeout.W010")]
+    return []

@@ -20,6 +20,7 @@ from django.db.transaction import TransactionManagementError
 
 from .conf import settings
 from .dberrors import is_lock_conflict
+from .dbsession import limit_transaction
 from .exceptions import ImmediateShutdown
 from .models import HOLD_EXPIRED_REASON, TIMEOUT_REASON, TimeoutOrderMixin
 from .rowlock import StillConflicting, Stopped, lock_orders, retrying_lock_conflicts
@@ -199,6 +200,7 @@ def _close_batch(model: type[TimeoutOrderMixin], pks: Sequence[Any], using: str,
     # The base manager: a shop's default manager may hide rows (soft delete, tenants).
     manager = model._base_manager.db_manager(using)
     with transaction.atomic(using=using):
+        limit_transaction(using)  # under transaction pooling only: the limits, for this transaction
         due = _due_and_unpaid(manager, pks, outcome)
         # Due orders have a deadline (it passed): the lateness of their closes counts from it.
         due_deadlines = [(order, order.expires_at) for order in due if order.expires_at is not None]

@@ -96,6 +96,14 @@ DEFAULTS: dict[str, Any] = {
     # Seconds before the deadline at which deadline_approaching is sent, once
     # per reminder of each unpaid order, e.g. [900, 60]. Empty: no reminders.
     "REMINDERS": [],
+    # How a connection pooler in front of PostgreSQL shares the server connections.
+    # "session": none, or one per client for its whole life (PgBouncer pool_mode =
+    # session): the consumer limits its own session, and the lease guard ends the
+    # session of a batch it gives up. "transaction" (PgBouncer pool_mode = transaction):
+    # a session is ours for one transaction only, so each transaction that locks orders
+    # sets the limits with SET LOCAL, and no session is ended by its id (the server's
+    # limits end a stuck transaction). PostgreSQL only (check E016).
+    "DATABASE_POOLING": "session",
 }
 
 MAX_BATCH_SIZE = 10_000
@@ -240,6 +248,14 @@ def _reminders(key: str, value: Any) -> None:
                                   f"got {value!r}.")
 
 
+POOLING_MODES = ("session", "transaction")
+
+
+def _pooling(key: str, value: Any) -> None:
+    if not isinstance(value, str) or value not in POOLING_MODES:
+        raise _setting_error(key, f"must be 'session' or 'transaction', got {value!r}.")
+
+
 VALIDATORS: dict[str, Callable[[str, Any], None]] = {
     "REDIS_ALIAS": _non_empty_str,
     "KEY_PREFIX": _key_prefix,
@@ -264,6 +280,7 @@ VALIDATORS: dict[str, Callable[[str, Any], None]] = {
     "MAX_HOLD": _optional_non_negative_number,
     "DEADLINE_POLICY": _callable_path,
     "REMINDERS": _reminders,
+    "DATABASE_POOLING": _pooling,
 }
 
 

@@ -296,7 +296,8 @@ class Consumer:
                 yield batch
         finally:
             # The guard let go of it above: given_up is final. A session given up is being
-            # ended: what follows (dead letters, the next batch) needs a new one.
+            # ended (by the guard; behind a transaction pooler, by the server's limits):
+            # what follows (dead letters, the next batch) needs a new one.
             if batch is not None and batch.given_up.is_set():
                 connection.close()
 

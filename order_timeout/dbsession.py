@@ -4,6 +4,11 @@ The database's clock decides whether an order is due, so a consumer whose
 host clock is wrong can be late but never early. The session limits keep a
 closing transaction from holding row locks much longer than a lease, even
 when its consumer is frozen (SIGSTOP, a paused VM) or a receiver hangs.
+
+Behind a transaction pooler (``DATABASE_POOLING = "transaction"``, PgBouncer's
+``pool_mode = transaction``) a session is not ours between two transactions:
+the limits then go on each transaction that locks orders, with ``SET LOCAL``
+(``limit_transaction``), and no session is named by its id to be ended.
 """
 
 from __future__ import annotations
@@ -14,16 +19,27 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
+from weakref import WeakKeyDictionary
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import Error as DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.functions import Now
 from django.utils import timezone
+from django.utils.connection import ConnectionProxy
+
+from .conf import settings
 
 logger = logging.getLogger("order_timeout")
 
 # MySQL/MariaDB's "Unknown thread id" from KILL: the session is gone already.
 MYSQL_UNKNOWN_THREAD = 1094
+
+# Under transaction pooling: the seconds each connection's order-locking transactions are
+# limited to, set by ``limit_session``/``limited_session`` and applied by
+# ``limit_transaction``. Keyed by the connection wrapper, which is per thread (and goes
+# with it); never filled under session pooling, so there ``limit_transaction`` sends nothing.
+_transaction_limits: WeakKeyDictionary[BaseDatabaseWrapper, float] = WeakKeyDictionary()
 
 
 class DatabaseNow(Now):
@@ -63,12 +79,15 @@ def _limits(connection: BaseDatabaseWrapper, seconds: float) -> dict[str, Any]:
     return {}
 
 
-def _set(connection: BaseDatabaseWrapper, values: dict[str, Any]) -> None:
+def _set(connection: BaseDatabaseWrapper, values: dict[str, Any], *, local: bool = False) -> None:
+    """Set ``values`` in one statement: for the session, or (``local``, PostgreSQL only) for the
+    transaction in progress, as ``SET LOCAL`` does."""
     if not values:
         return
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute("SELECT " + ", ".join(["set_config(%s, %s, false)"] * len(values)),
+            scope = "true" if local else "false"
+            cursor.execute("SELECT " + ", ".join([f"set_config(%s, %s, {scope})"] * len(values)),
                            [str(part) for pair in values.items() for part in pair])
         else:
             cursor.execute("SET SESSION " + ", ".join(f"{name} = %s" for name in values), list(values.values()))
@@ -85,13 +104,59 @@ def _read(connection: BaseDatabaseWrapper, names: list[str]) -> dict[str, Any]:
         return dict(zip(names, cursor.fetchone(), strict=True))
 
 
+def pooled_by_transaction() -> bool:
+    """Whether a pooler may give this app's server connection to another client after each
+    transaction (``DATABASE_POOLING`` is "transaction")."""
+    return bool(settings.DATABASE_POOLING == "transaction")
+
+
+def _transaction_scoped(connection: BaseDatabaseWrapper) -> None:
+    """Refuse transaction pooling where the limits cannot be scoped to a transaction.
+
+    MySQL and MariaDB have no ``SET LOCAL``: the limits would be session-wide
+    (leaking to the pool's next client) or missing (row locks unbounded).
+    Check ``order_timeout.E016`` says so at start-up; this is for the
+    processes that run no checks (a Celery worker), before any row is locked.
+    """
+    if connection.vendor == "mysql":
+        raise ImproperlyConfigured(
+            "ORDER_TIMEOUT['DATABASE_POOLING'] is 'transaction', which needs PostgreSQL: MySQL "
+            "and MariaDB cannot scope a time limit to a transaction. Use 'session' (check "
+            "order_timeout.E016).")
+
+
 def limit_session(connection: BaseDatabaseWrapper, seconds: float) -> None:
     """Let the server end this session's transactions idle, or statements running, over ``seconds``.
 
     Server-side, so it holds while this process cannot act: frozen, or stuck
-    in a receiver. For the consumer's own sessions, for good.
+    in a receiver. For the consumer's own sessions, for good. Under
+    transaction pooling nothing is sent: a session-level limit would stay on
+    a server connection that serves other clients next, so the limits go on
+    each transaction that locks orders instead (``limit_transaction``).
     """
+    if pooled_by_transaction():
+        _transaction_scoped(connection)
+        # The wrapper itself: django.db.connection is a proxy of this thread's, and no key.
+        own = connections[connection.alias] if isinstance(connection, ConnectionProxy) else connection
+        _transaction_limits[own] = seconds
+        return
     _set(connection, _limits(connection, seconds))
+
+
+def limit_transaction(using: str) -> None:
+    """Give the transaction just begun on ``using`` the limits its session was given.
+
+    Called first thing inside each transaction that holds order row locks
+    (closing, reminding). Under transaction pooling, and on a connection
+    limited by ``limit_session`` or ``limited_session``, one statement sets
+    them for this transaction only (``SET LOCAL``: the pool's next client
+    never sees them). Otherwise it sends nothing: the session carries them.
+    """
+    connection = connections[using]
+    seconds = _transaction_limits.get(connection)
+    # Asked again each time: a setting changed since (a test's override) is followed.
+    if seconds is not None and pooled_by_transaction():
+        _set(connection, _limits(connection, seconds), local=True)
 
 
 @contextmanager
@@ -100,9 +165,14 @@ def limited_session(using: str, seconds: float) -> Iterator[None]:
 
     The values it found are put back after; if the server ended the session
     meanwhile, the connection is closed instead, and the next use opens a
-    fresh one.
+    fresh one. Under transaction pooling it sends nothing: the transactions
+    that lock orders meanwhile carry the limits (``limit_transaction``).
     """
     connection = connections[using]
+    if pooled_by_transaction():
+        with _limited_transactions(connection, seconds):
+            yield
+        return
     limits = _limits(connection, seconds)
     previous = _read(connection, list(limits))
     _set(connection, limits)
@@ -116,10 +186,32 @@ def limited_session(using: str, seconds: float) -> Iterator[None]:
                 connection.close()
 
 
+@contextmanager
+def _limited_transactions(connection: BaseDatabaseWrapper, seconds: float) -> Iterator[None]:
+    """``limited_session`` under transaction pooling: the connection's transactions get the
+    limits for the block, then whatever they had before it (a consumer's, or none)."""
+    _transaction_scoped(connection)
+    outer = _transaction_limits.get(connection)
+    _transaction_limits[connection] = seconds
+    try:
+        yield
+    finally:
+        if outer is None:
+            _transaction_limits.pop(connection, None)
+        else:
+            _transaction_limits[connection] = outer
+
+
 def session_id(connection: BaseDatabaseWrapper) -> Any:
-    """The server's id for this session (MySQL thread id, PostgreSQL backend pid), or None."""
+    """The server's id for this session (MySQL thread id, PostgreSQL backend pid), or None.
+
+    None under transaction pooling: the pid the driver reports there is the
+    pooler's (PgBouncer's cancel key), and the backends this client's
+    statements ran on serve other clients next, so no pid names a session of
+    ours to end (ending one would roll back someone else's transaction).
+    """
     raw = connection.connection
-    if raw is None:
+    if raw is None or pooled_by_transaction():
         return None
     if connection.vendor == "mysql":
         return raw.thread_id()

@@ -7,7 +7,9 @@ session is ended (the transaction rolls back and its row locks go, even if a
 receiver hangs in Python) and its leases are handed to the next claim at
 once, which takes the members over one at a time. A frozen consumer renews
 nothing: its leases run out, and the server's session limits end its
-transaction.
+transaction. A batch with no session to name (``session_id`` gives none
+behind a transaction pooler, where a backend pid is not ours to end) is
+handed over all the same; the limits its transaction set end it server-side.
 
 A receiver stuck in Python (no database call to fail) keeps its thread even
 after that; no thread can be stopped from outside. A third of a lease (at
@@ -163,9 +165,10 @@ class LeaseGuard:
             batch.given_up.set()
             batch.given_up_at = time.monotonic()
         logger.warning(
-            "Batch of %d still running after LEASE_SECONDS (%gs): giving it up; its database "
-            "session is ended and its members are taken over one at a time.",
-            len(batch.members), self.lease_seconds)
+            "Batch of %d still running after LEASE_SECONDS (%gs): giving it up; %s, and its "
+            "members are taken over one at a time.", len(batch.members), self.lease_seconds,
+            "its database session is ended" if batch.session is not None
+            else "its transaction is left to the server's time limits")
         if batch.session is not None:
             self.end_session(batch.using, batch.session)
         try:

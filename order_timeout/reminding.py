@@ -20,6 +20,7 @@ from typing import Any
 from django.db import router, transaction
 from django.db.transaction import TransactionManagementError
 
+from .dbsession import limit_transaction
 from .exceptions import ImmediateShutdown
 from .models import Reminder, TimeoutOrderMixin
 from .rowlock import StillConflicting, Stopped, lock_orders, retrying_lock_conflicts
@@ -93,6 +94,7 @@ def _send(model: type[TimeoutOrderMixin], keys: Sequence[Key], using: str,
     outcome = ReminderOutcome()
     manager = model._base_manager.db_manager(using)
     with transaction.atomic(using=using):
+        limit_transaction(using)  # under transaction pooling only: the limits, for this transaction
         due, held = _due(model, manager, keys, outcome)
         now = outcome.db_now
         if not due and not held:

@@ -16,7 +16,8 @@ step() { printf '\n== %s\n' "$*"; }
 as_postgres() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else sudo -u postgres "$@"; fi; }
 
 missing=()
-for pkg in redis-server mariadb-server libmariadb-dev pkg-config postgresql; do
+# pgbouncer: tests/test_pgbouncer.py starts one of its own per test, on a free loopback port.
+for pkg in redis-server mariadb-server libmariadb-dev pkg-config postgresql pgbouncer; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
