@@ -17,7 +17,7 @@ as_postgres() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else su
 
 missing=()
 # pgbouncer: tests/test_pgbouncer.py starts one of its own per test, on a free loopback port.
-for pkg in redis-server mariadb-server libmariadb-dev pkg-config postgresql pgbouncer; do
+for pkg in redis-server mariadb-server libmariadb-dev pkg-config postgresql pgbouncer gettext; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
