@@ -14,9 +14,10 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _, ngettext
 
-from . import deadletters, get_order_model, overview
+from . import get_order_model, overview
 from .exceptions import QueueUnavailable
-from .models import DeadLetter, Order, Reminder, TimeoutOverview
+from .models import DeadLetter, Deadline, Order, Reminder, TimeoutOverview
+from .timers import staff
 
 
 class OverdueFilter(admin.SimpleListFilter):
@@ -147,9 +148,9 @@ def _report(modeladmin: admin.ModelAdmin, request: HttpRequest, counts: Counter[
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(admin.ModelAdmin):
-    list_display = ("order_id", "order_model", "attempts", "error_type", "last_failed_at",
+    list_display = ("order_id", "order_model", "timer", "attempts", "error_type", "last_failed_at",
                     "first_failed_at", "resolution", "resolved_by", "resolved_at")
-    list_filter = (ResolvedFilter, "resolution", "error_type", "order_model", "last_failed_at")
+    list_filter = (ResolvedFilter, "resolution", "error_type", "order_model", "timer", "last_failed_at")
     search_fields = ("=order_id", "error_type", "last_error")
     date_hierarchy = "last_failed_at"
     actions = ["requeue", "close_now"]
@@ -187,7 +188,7 @@ class DeadLetterAdmin(admin.ModelAdmin):
                   permissions=["requeue"])
     def requeue(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> None:
         try:
-            counts = deadletters.requeue(queryset, request.user, timezone.now())
+            counts = staff.requeue(queryset, request.user, timezone.now())
         except QueueUnavailable as exc:
             self.message_user(request, _("Redis is unavailable; nothing was requeued: %s") % exc,
                               messages.ERROR)
@@ -197,7 +198,7 @@ class DeadLetterAdmin(admin.ModelAdmin):
     @admin.action(description=_("Close the orders now (if still unpaid)"),
                   permissions=["close_now"])
     def close_now(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> None:
-        _report(self, request, deadletters.close_now(queryset, request.user, timezone.now()))
+        _report(self, request, staff.close_now(queryset, request.user, timezone.now()))
 
 
 class ViewOnlyAdmin(admin.ModelAdmin):
@@ -226,6 +227,17 @@ class ReminderAdmin(ViewOnlyAdmin):
     @admin.display(description=_("seconds before the deadline"), ordering="lead_ms")
     def seconds_before(self, reminder: Reminder) -> float:
         return reminder.lead_ms / 1000
+
+
+@admin.register(Deadline)
+class DeadlineAdmin(ViewOnlyAdmin):
+    """The deadlines of rows of models the shop cannot change, one per declared timer and row. Read-only:
+    ``timer.set_deadline()`` writes them, in step with Redis."""
+
+    list_display = ("object_id", "timer", "expires_at")
+    list_filter = ("timer", "expires_at")
+    search_fields = ("=object_id",)
+    date_hierarchy = "expires_at"
 
 
 @admin.register(TimeoutOverview)

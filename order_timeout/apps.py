@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.apps import AppConfig
+from django.utils.module_loading import autodiscover_modules
 from django.utils.translation import gettext_lazy as _
 
 
@@ -20,3 +21,5 @@ class OrderTimeoutConfig(AppConfig):
         # Fail at start-up, naming the key, rather than on the first order.
         settings.load()
         connect_receivers(get_order_model())
+        # The timers shops declare in a timers.py of their apps, as admin.py is found.
+        autodiscover_modules("timers")

@@ -6,7 +6,7 @@ The status command, and anything else that reports on the queue, render a
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -15,12 +15,14 @@ from django.db.models import Q
 from django.utils import timezone
 
 from . import get_order_model
-from .codec import now_score, order_member
+from .codec import now_score
 from .conf import settings
 from .keys import REMIND
-from .keyset import rows_by_deadline
 from .models import DeadLetter, TimeoutOrderMixin
 from .queue import TimeoutQueue
+from .timers.closes import OrderTimeout
+from .timers.kind import Timer
+from .timers.registry import registry
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,32 @@ class Health:
     # Members moved out of the queue because they name no order (not UTF-8, malformed, scored
     # past any deadline), every kind: for a person to look at (nothing else reads them).
     quarantined: int = 0
+    # Each timer a shop declared, by name: its own backlog (``TimerHealth``).
+    timers: dict[str, TimerHealth] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class TimerHealth:
+    """One declared timer's figures: the same as the order close's, in its own rows and keys."""
+
+    pending: int
+    due_unclaimed: int
+    leased: int
+    expired_leases: int
+    oldest_due_age_seconds: float
+    busy: int
+    oldest_busy_age_seconds: float
+    taken_over: int
+    held: int
+    oldest_held_age_seconds: float
+    dead_letters: int
+    # Rows still pending past their deadline, whatever Redis says.
+    overdue_in_database: int
+    drift: int | None
+    quarantined: int
 
 
 def measure(now: datetime | None = None, *, model: type[TimeoutOrderMixin] | None = None,
@@ -91,7 +116,21 @@ def measure(now: datetime | None = None, *, model: type[TimeoutOrderMixin] | Non
         unpaid_without_deadline=rows.filter(expires_at__isnull=True).count(),
         drift=count_drift(model, queue) if drift else None,
         **_reminders(queue, now, stats.quarantined),
+        timers={timer.name: _timer(timer, queue.of_kind(timer.key_space), now, drift=drift)
+                for timer in registry.declared()},
     )
+
+
+def _timer(timer: Timer, queue: TimeoutQueue, now: datetime, *, drift: bool) -> TimerHealth:
+    stats = queue.stats(now_score(now))
+    return TimerHealth(
+        pending=stats.pending, due_unclaimed=stats.due, leased=stats.leased, expired_leases=stats.expired_leases,
+        oldest_due_age_seconds=_age(now, stats.oldest_due_ms), busy=stats.busy,
+        oldest_busy_age_seconds=_age(now, stats.oldest_busy_ms), taken_over=stats.taken_over, held=stats.held,
+        oldest_held_age_seconds=_age(now, stats.oldest_held_ms),
+        dead_letters=DeadLetter.objects.filter(timer=timer.name, resolved_at__isnull=True).count(),
+        overdue_in_database=timer.count(before=now), drift=count_drift(timer, queue) if drift else None,
+        quarantined=stats.quarantined)
 
 
 def _reminders(queue: TimeoutQueue, now: datetime, quarantined: int) -> dict[str, int]:
@@ -118,20 +157,20 @@ def _age(now: datetime, since_ms: int | None) -> float:
     return round((now_score(now) - since_ms) / 1000, 3) if since_ms is not None else 0.0
 
 
-def count_drift(model: type[TimeoutOrderMixin], queue: TimeoutQueue) -> int:
-    """Unpaid rows with a deadline whose member is neither pending nor leased.
+def count_drift(kind: Any, queue: TimeoutQueue) -> int:
+    """Pending rows with a deadline (of the order model, or of a timer) whose member is neither
+    pending nor leased.
 
-    Members found missing are looked up once more at the end, so an order
-    whose save was committing during the walk (its member on the way) is not
-    counted; orders waiting as open dead letters left Redis on purpose.
+    Members found missing are looked up once more at the end, so a row whose
+    save was committing during the walk (its member on the way) is not
+    counted; rows waiting as open dead letters left Redis on purpose.
     """
-    rows = (model._base_manager.db_manager(router.db_for_write(model))
-            .filter(model.unpaid_q(), expires_at__isnull=False))
+    kind = kind if isinstance(kind, Timer) else OrderTimeout(kind)
     missing: list[str] = []
-    for chunk in rows_by_deadline(rows, settings.COMPENSATION_CHUNK):
-        missing += queue.missing(order_member(model, pk) for pk, _ in chunk)
+    for chunk in kind.upcoming(None, None, settings.COMPENSATION_CHUNK):
+        missing += queue.missing(kind.member(pk) for pk, _ in chunk)
     if not missing:
         return 0
-    buried = set(DeadLetter.objects.filter(order_model=model._meta.label, resolved_at__isnull=True)
-                 .values_list("order_id", flat=True))
-    return len([m for m in queue.missing(missing) if m not in buried])
+    buried = set(DeadLetter.objects.filter(order_model=kind.model._meta.label, timer=kind.name,
+                                           resolved_at__isnull=True).values_list("order_id", flat=True))
+    return len([member for member in queue.missing(missing) if member not in buried])

@@ -7,9 +7,10 @@ layout of every release so far), ``{prefix:N}`` for shard N of several. The
 keys that belong to the queue as a whole (the scan's lock and bookkeeping)
 carry ``{prefix}``.
 
-There is a queue per kind of timer: the closes (``CLOSE``, the keys of every
-release so far) and the reminders (``REMIND``: the same names after
-``remind:``, under the same hash tags).
+There is a queue per kind of timer: the order close (``CLOSE``, the keys of
+every release so far), the reminders (``REMIND``: the same names after
+``remind:``, under the same hash tags), and each timer a shop declares (the
+same names after ``<its name>:``).
 """
 
 from __future__ import annotations
@@ -109,24 +110,30 @@ class QueueKeys:
 
 @dataclass(frozen=True)
 class GlobalKeys:
-    """The keys of the queue as a whole."""
+    """The keys of the queue as a whole: the scan's lock, and each kind's scan bookkeeping and drift
+    (the order close's under the names of every release, ``{prefix}:drift``; another kind's under
+    ``{prefix}:<kind>:drift``)."""
 
     prefix: str
+    kind: str = CLOSE
+
+    def _key(self, name: str) -> str:
+        return f"{{{self.prefix}}}:{self.kind}:{name}" if self.kind else f"{{{self.prefix}}}:{name}"
 
     @property
     def compensation_lock(self) -> str:
-        """String: the token of the compensation scan running now, if any."""
+        """String: the token of the compensation scan running now, if any (one for every kind)."""
         return f"{{{self.prefix}}}:compensation-lock"
 
     @property
     def drift(self) -> str:
-        """String: how many members the last beat run found missing from Redis."""
-        return f"{{{self.prefix}}}:drift"
+        """String: how many of this kind's members the last beat run found missing from Redis."""
+        return self._key("drift")
 
     @property
     def scanning(self) -> str:
-        """Hash: member = order id the scan started closing, value = scans that did not finish it."""
-        return f"{{{self.prefix}}}:scanning"
+        """Hash: member = a member the scan started acting on, value = scans that did not finish it."""
+        return self._key("scanning")
 
     def all(self) -> list[str]:
         """Every key of the queue as a whole that holds data."""

@@ -89,6 +89,30 @@ class ConsumerMetrics:
             buckets=LATENESS_BUCKETS, registry=self.registry)
         for outcome in REMINDER_OUTCOMES:
             self.reminders_total.labels(outcome)
+        # Every timer a shop declared, by its name.
+        self.timer_outcomes = Counter("order_timeout_timer_outcomes", "Claimed members of a declared timer by "
+                                      "what became of them.", ["timer", "outcome"], registry=self.registry)
+        self.timer_lateness = Histogram(
+            "order_timeout_timer_lateness_seconds",
+            "Seconds from a declared timer's deadline to the commit of its act.", ["timer"],
+            buckets=LATENESS_BUCKETS, registry=self.registry)
+
+    def record(self, kind: Any, counts: dict[str, int], seconds: float, lateness: Iterable[float]) -> None:
+        """One batch of any kind, counted in its kind's family of metrics, by its kind's labels."""
+        if not self.enabled:
+            return
+        labels = kind.metric_labels
+        named = {labels[name]: count for name, count in counts.items() if name in labels} if labels else counts
+        if kind.metric_family == "closes":
+            self.batch(named, seconds, lateness)
+        elif kind.metric_family == "reminders":
+            self.reminders(named, lateness)
+        else:
+            for outcome, count in named.items():
+                if count:
+                    self.timer_outcomes.labels(kind.name, outcome).inc(count)
+            for late in lateness:
+                self.timer_lateness.labels(kind.name).observe(max(late, 0.0))
 
     def claimed(self, seconds: float, size: int) -> None:
         if self.enabled and size:
@@ -197,6 +221,7 @@ class BacklogCollector:
                 since = getattr(stats, field)
                 family.add_metric([str(shard)], 0.0 if since is None else max(now_score(now) - since, 0) / 1000)
             yield family
+        yield from self._timers(now)
         yield GaugeMetricFamily("order_timeout_dead_letters", "Open dead letters waiting for staff.",
                                 value=DeadLetter.objects.filter(resolved_at__isnull=True).count())
         if drift is not None:
@@ -206,6 +231,41 @@ class BacklogCollector:
                 value=drift)
         if self.own_connections:
             close_old_connections()
+
+
+    @staticmethod
+    def _timers(now: Any) -> Iterator[Any]:
+        """Each declared timer's backlog, by timer and shard."""
+        from .codec import now_score
+        from .exceptions import OrderTimeoutError
+        from .queue import TimeoutQueue
+        from .timers.registry import registry
+
+        timers = registry.declared()
+        if not timers:
+            return
+        families = {field: GaugeMetricFamily(f"order_timeout_timer_{field}", text, labels=["timer", "shard"])
+                    for field, text in (("pending", "A declared timer's members waiting for their deadline."),
+                                        ("due", "A declared timer's members past their deadline not claimed yet."),
+                                        ("leased", "A declared timer's members claimed by a consumer now."),
+                                        ("held", "A declared timer's due members held by its hold condition."),
+                                        ("quarantined", "A declared timer's members that name no row."))}
+        oldest = GaugeMetricFamily("order_timeout_timer_oldest_due_age_seconds",
+                                   "How long a declared timer's oldest due member has waited to be claimed.",
+                                   labels=["timer", "shard"])
+        try:
+            queue = TimeoutQueue.from_settings()
+            for timer in timers:
+                for shard, stats in queue.of_kind(timer.key_space).shard_stats(now_score(now)).items():
+                    for field, family in families.items():
+                        family.add_metric([timer.name, str(shard)], getattr(stats, field))
+                    since = stats.oldest_due_ms
+                    oldest.add_metric([timer.name, str(shard)],
+                                      0.0 if since is None else max(now_score(now) - since, 0) / 1000)
+        except OrderTimeoutError as exc:
+            logger.warning("metrics: cannot read the timers' queues (%s)", exc)
+        yield from families.values()
+        yield oldest
 
 
 def backlog_registry() -> Any:

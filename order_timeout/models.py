@@ -414,6 +414,9 @@ class DeadLetter(models.Model):
 
     order_model = models.CharField(_("order model"), max_length=100)
     order_id = models.CharField(_("order id"), max_length=64)
+    # The kind of timer whose act kept failing: "" for the order close, else a declared
+    # timer's name (order_model and order_id then name that timer's row).
+    timer = models.CharField(_("timer"), max_length=64, blank=True, default="")
     attempts = models.PositiveIntegerField(_("attempts"))
     error_type = models.CharField(_("error type"), max_length=255)
     last_error = models.TextField(_("last error"), blank=True)
@@ -479,6 +482,27 @@ class Reminder(models.Model):
 
     def __str__(self) -> str:
         return f"{self.order_model} {self.order_id}: {self.lead_ms / 1000:g} s before {self.deadline}"
+
+
+class Deadline(models.Model):
+    """The deadline of one row for one declared timer, for a model whose table the shop cannot
+    change (a framework's, another system's): the timer's ``deadline`` is None, and
+    ``timer.set_deadline(row, at)`` writes here. Gone once the timer acted on the row (or found
+    it settled)."""
+
+    timer = models.CharField(_("timer"), max_length=64)
+    object_id = models.CharField(_("object id"), max_length=64)
+    expires_at = models.DateTimeField(_("deadline"))
+
+    class Meta:
+        verbose_name = _("deadline")
+        verbose_name_plural = _("deadlines")
+        constraints = [models.UniqueConstraint(fields=["timer", "object_id"], name="order_timeout_deadline_once")]
+        # The scan and the rebuild walk each timer's deadlines in order.
+        indexes = [models.Index(fields=["timer", "expires_at"], name="order_timeout_deadline_walk")]
+
+    def __str__(self) -> str:
+        return f"{self.timer} {self.object_id}: {self.expires_at}"
 
 
 class TimeoutOverview(models.Model):

@@ -393,7 +393,7 @@ class TimeoutQueue:
         self.kind = kind
         self.shards = [Shard(client, QueueKeys(key_prefix, index, shards, kind), lambda: self.scripts)
                        for index in range(shards)]
-        self.global_keys = GlobalKeys(key_prefix)
+        self.global_keys = GlobalKeys(key_prefix, kind)
 
     @classmethod
     def from_settings(cls, kind: str = CLOSE) -> TimeoutQueue:

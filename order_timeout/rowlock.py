@@ -47,10 +47,19 @@ class LockedOrders:
     busy: set[Any] = field(default_factory=set)
     # Rows the hold condition holds (a payment in flight).
     held: set[Any] = field(default_factory=set)
+    # Rows that still meet the kind's condition (all of them, when it asked for no subquery).
+    pending: set[Any] = field(default_factory=set)
+    # Each row's deadline, as the kind keeps it (filled in by the kind).
+    deadlines: dict[Any, Any] = field(default_factory=dict)
 
 
-def lock_orders(manager: Any, pks: Sequence[Any]) -> LockedOrders:
-    """Lock ``pks``' rows inside the caller's transaction, skipping those locked elsewhere."""
+def lock_orders(manager: Any, pks: Sequence[Any], *, hold: Q | None = None,
+                pending: Q | None = None) -> LockedOrders:
+    """Lock ``pks``' rows inside the caller's transaction, skipping those locked elsewhere.
+
+    ``hold`` and ``pending`` become subqueries of the same statement: whether each row is held,
+    and whether it still meets the kind's condition (never a query per row).
+    """
     skip_locked = connections[manager.db].features.has_select_for_update_skip_locked
     # The database's clock, read by the same statement on one row (the first asked for):
     # a datetime per row would cost a conversion per row for one value.
@@ -59,9 +68,10 @@ def lock_orders(manager: Any, pks: Sequence[Any]) -> LockedOrders:
     locked = (manager.select_for_update(skip_locked=skip_locked).filter(pk__in=pks).order_by("pk")
               .annotate(_timeout_db_now=Case(When(pk=pks[0], then=DatabaseNow()), default=None,
                                              output_field=DateTimeField())))
-    hold = settings.hold_condition()
     if hold is not None:
         locked = locked.annotate(_timeout_held=_held(manager.model, hold))
+    if pending is not None:
+        locked = locked.annotate(_timer_pending=_held(manager.model, pending))
     found = LockedOrders(rows={order.pk: order for order in locked})
     found.db_now = next((order._timeout_db_now for order in found.rows.values()
                          if order._timeout_db_now is not None), None)
@@ -69,6 +79,8 @@ def lock_orders(manager: Any, pks: Sequence[Any]) -> LockedOrders:
         # The first was locked elsewhere or is gone: one more statement, rarely.
         found.db_now = database_now(manager.db)
     found.held = {pk for pk, order in found.rows.items() if getattr(order, "_timeout_held", False)}
+    found.pending = ({pk for pk, order in found.rows.items() if order._timer_pending} if pending is not None
+                     else set(found.rows))
     absent = [pk for pk in pks if pk not in found.rows]
     if absent:
         found.busy = set(manager.filter(pk__in=absent).values_list("pk", flat=True))

@@ -1,18 +1,21 @@
-"""Bridge from order rows to the queue: schedule after commit, never before.
+"""Bridge from rows to the queue: schedule after commit, never before.
 
-Holds the receivers that mirror rows into Redis (connected in ``apps.py`` for
-the configured order model), and ``schedule``/``unschedule`` for you to call
-after ``QuerySet.update()`` or ``bulk_create()``, which send no signals. Work
-is deferred with ``transaction.on_commit``, so a rolled-back order never
-reaches Redis; a Redis failure is logged, never raised, because the order row
-is already committed and the compensation scan will catch up with it.
+Holds the receivers that mirror order rows into Redis (connected in
+``apps.py`` for the configured order model), and ``schedule``/``unschedule``
+for you to call after ``QuerySet.update()`` or ``bulk_create()``, which send
+no signals. Each kind of timer says what Redis must hold for a row
+(``Timer.follow``); the order close and its reminders follow the order
+model's rows here, a declared timer follows its own (``timers.following``).
+Work is deferred with ``transaction.on_commit``, so a rolled-back row never
+reaches Redis; a Redis failure is logged, never raised, because the row is
+already committed and the compensation scan will catch up with it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -20,97 +23,115 @@ from typing import TYPE_CHECKING, Any
 from django.db import router, transaction
 from django.db.models.signals import post_delete, post_save
 
-from .codec import deadline_score, order_member, reminder_member
-from .conf import settings
-from .keys import REMIND
 from .queue import TimeoutQueue
 from .redaction import masked
 from .signals import timeout_state_changed
 
 if TYPE_CHECKING:
     from .models import TimeoutOrderMixin
+    from .timers.kind import Timer
 
 logger = logging.getLogger("order_timeout")
 
 
-def _database(order: TimeoutOrderMixin) -> str:
-    return order._state.db or router.db_for_write(type(order), instance=order)
+def _database(row: Any) -> str:
+    return row._state.db or router.db_for_write(type(row), instance=row)
 
 
 @dataclass
 class _Change:
-    """What one commit tells the queue, and the copies to mark as told once it has."""
+    """What one commit tells the queue, per kind of timer, and the copies to mark as told once it has."""
 
-    deadlines: dict[str, int] = field(default_factory=dict)
-    gone: list[str] = field(default_factory=list)
-    # The same for the reminders' queue: one member per reminder of each order.
-    reminders: dict[str, int] = field(default_factory=dict)
-    reminders_gone: list[str] = field(default_factory=list)
-    told: list[tuple[TimeoutOrderMixin, tuple[Any, Any]]] = field(default_factory=list)
+    deadlines: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
+    gone: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    told: list[tuple[Any, Any]] = field(default_factory=list)
 
-    def add(self, order: TimeoutOrderMixin, leads: list[int]) -> None:
-        """The order's close at its deadline and each reminder before it, or none of them."""
-        model = type(order)
-        member = order_member(model, order.pk)
-        reminders = [reminder_member(model, order.pk, lead) for lead in leads]
-        if order.awaits_payment:
-            assert order.expires_at is not None
-            self.deadlines[member] = score = deadline_score(order.expires_at)
-            self.reminders.update((reminder, score - lead) for reminder, lead in zip(reminders, leads,
-                                                                                   strict=True))
-        else:
-            self.gone.append(member)
-            self.reminders_gone += reminders
+    def add(self, kind: Timer, row: Any) -> None:
+        wanted, unwanted = kind.follow(row)
+        self.deadlines[kind.key_space].update(wanted)
+        self.gone[kind.key_space] += unwanted
+
+    def forget(self, kind: Timer, row: Any) -> None:
+        wanted, unwanted = kind.follow(row)
+        self.gone[kind.key_space] += [*wanted, *unwanted]
+
+    @property
+    def size(self) -> int:
+        return sum(map(len, self.deadlines.values())) + sum(map(len, self.gone.values()))
+
+    def members(self) -> list[str]:
+        return [member for part in (*self.deadlines.values(), *self.gone.values()) for member in part]
 
 
 def _sync(change: _Change) -> None:
     try:
-        # Bounded: this runs in the request that saved the order.
+        # Bounded: this runs in the request that saved the row.
         queue = TimeoutQueue.for_saves()
-        queue.sync(change.deadlines, change.gone)
-        if change.reminders or change.reminders_gone:
-            queue.of_kind(REMIND).sync(change.reminders, change.reminders_gone)
+        for space in {*change.deadlines, *change.gone}:
+            if change.deadlines.get(space) or change.gone.get(space):
+                queue.of_kind(space).sync(change.deadlines.get(space, {}), change.gone.get(space, []))
     except Exception as exc:  # noqa: BLE001 - the rows committed: no Redis trouble may fail the save
         # QueueUnavailable above all, but also a LOCATION the cluster factory refuses
         # (ImproperlyConfigured, which manage.py check reports as E014).
         logger.warning(
-            "Could not update the timeout queue for %d order(s) (%s: %s); the compensation scan "
+            "Could not update the timeout queue for %d member(s) (%s: %s); the compensation scan "
             "will close them if they expire: %s",
-            len(change.deadlines) + len(change.gone), type(exc).__name__, masked(exc),
-            ", ".join([*change.deadlines, *change.gone][:20]),
+            change.size, type(exc).__name__, masked(exc), ", ".join(change.members()[:20]),
         )
         return
-    for order, state in change.told:
+    for row, state in change.told:
         # Remembered only now: a rolled-back save told Redis nothing.
-        order._queue_state = state
+        row._queue_state = state
+
+
+def follow(kinds: Sequence[Timer], rows: Iterable[Any], *, remember: bool = False) -> None:
+    """Make each kind's queue follow these rows once the transaction commits.
+
+    ``remember``: the rows are orders whose copies note what Redis was told
+    (``TimeoutOrderMixin``), so a save that changes nothing leaves Redis alone.
+    """
+    by_database: dict[str, _Change] = defaultdict(_Change)
+    for row in rows:
+        change = by_database[_database(row)]
+        for kind in kinds:
+            change.add(kind, row)
+        if remember:
+            change.told.append((row, row._timeout_state()))
+    for using, change in by_database.items():
+        transaction.on_commit(partial(_sync, change), using=using)
+
+
+def forget(kinds: Sequence[Timer], rows: Iterable[Any]) -> None:
+    """Take these rows off each kind's queue once the transaction commits."""
+    by_database: dict[str, _Change] = defaultdict(_Change)
+    for row in rows:
+        for kind in kinds:
+            by_database[_database(row)].forget(kind, row)
+    for using, change in by_database.items():
+        transaction.on_commit(partial(_sync, change), using=using)
+
+
+def order_kinds() -> list[Timer]:
+    """The kinds that follow the order model's rows: the close, and the reminders if any are asked for."""
+    from .conf import settings
+    from .timers.registry import ORDER_TIMEOUT, REMINDERS
+
+    return [ORDER_TIMEOUT, *([REMINDERS] if settings.REMINDERS else [])]
 
 
 def schedule(orders: Iterable[TimeoutOrderMixin]) -> None:
-    """Make the queue follow these rows once the transaction commits.
+    """Make the queue follow these orders once the transaction commits.
 
     Orders in an unpaid status with a deadline are (re)scheduled at their
-    ``expires_at``; any other order is taken off the queue.
+    ``expires_at`` (and their reminders before it); any other order is taken
+    off the queue.
     """
-    by_database: dict[str, _Change] = defaultdict(_Change)
-    leads = settings.reminders()
-    for order in orders:
-        change = by_database[_database(order)]
-        change.add(order, leads)
-        change.told.append((order, order._timeout_state()))
-    for using, change in by_database.items():
-        transaction.on_commit(partial(_sync, change), using=using)
+    follow(order_kinds(), orders, remember=True)
 
 
 def unschedule(orders: Iterable[TimeoutOrderMixin]) -> None:
     """Take these orders off the queue once the transaction commits."""
-    by_database: dict[str, _Change] = defaultdict(_Change)
-    leads = settings.reminders()
-    for order in orders:
-        change = by_database[_database(order)]
-        change.gone.append(order_member(type(order), order.pk))
-        change.reminders_gone += [reminder_member(type(order), order.pk, lead) for lead in leads]
-    for using, change in by_database.items():
-        transaction.on_commit(partial(_sync, change), using=using)
+    forget(order_kinds(), orders)
 
 
 # -- the receivers ------------------------------------------------------------

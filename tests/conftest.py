@@ -31,7 +31,7 @@ from order_timeout.conf import settings as order_settings
 from order_timeout.consumer import Consumer
 from order_timeout.models import TimeoutOrderMixin
 from order_timeout.queue import TimeoutQueue
-from order_timeout.scheduling import connect_receivers, disconnect_receivers
+from order_timeout.scheduling import connect_receivers, disconnect_receivers, order_kinds
 from order_timeout.signals import order_expired
 
 from .holding import HeldReceiver
@@ -219,6 +219,9 @@ def consumer(clock: Clock) -> Callable[..., Consumer]:
     def build(**kwargs: Any) -> Consumer:
         kwargs.setdefault("now", clock)
         kwargs.setdefault("follow_database_clock", False)
+        # The order close (and its reminders, when the test asks for any): the kinds these tests
+        # are about, so a claim goes to their lanes. tests/test_every_kind.py runs every kind.
+        kwargs.setdefault("kinds", order_kinds())
         return Consumer(**kwargs)
 
     return build

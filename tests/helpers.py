@@ -107,9 +107,10 @@ def claim_everywhere(queue: Any, due_ms: int, limit: int, lease_until_ms: int, t
 
 
 def claim_next(worker: Any, now: Any) -> Any:
-    """The consumer's next claim that takes members: it goes round the shards, some empty."""
+    """The consumer's next claim that takes members: it goes round the lanes (every kind's
+    shards), some empty."""
     claim = worker.claim(now)
-    for _ in range(len(worker.queue.shards) - 1):
+    for _ in range(len(worker.lanes.shards) - 1):
         if claim.members:
             break
         claim = worker.claim(now)

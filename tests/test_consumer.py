@@ -429,15 +429,16 @@ def test_idle_consumer_does_not_busy_loop(settings):
         started = time.monotonic()
         worker = Consumer(TimeoutQueue(client, own_key_prefix(), shards), max_wait=max_wait)
         with running(worker):
-            wait_for(lambda: kinds(traffic)["refresh"] >= 5)
+            wait_for(lambda: kinds(traffic, len(worker.lanes.shards))["refresh"] >= 5)
         elapsed = time.monotonic() - started
     client.close()
 
-    sent = kinds(traffic)
+    lanes = len(worker.lanes.shards)  # every kind's shards: the order close's and each timer's
+    sent = kinds(traffic, lanes)
     refreshes = sent.pop("refresh")
-    # At start: one claim per shard (each empty), the script that tells the server's version
+    # At start: one claim per lane (each empty), the script that tells the server's version
     # (lua/version.lua: which pub/sub the wake-ups use), and the wake-up subscription.
-    assert sent == {"script": shards + 1, "subscribe": 1}
+    assert sent == {"script": lanes + 1, "subscribe": 1}
     # Then one round trip per MAX_WAIT, never sooner.
     assert refreshes * max_wait <= elapsed, (refreshes, elapsed)
 
@@ -449,11 +450,10 @@ def own_key_prefix() -> str:
     return f"{order_settings.KEY_PREFIX}-{uuid.uuid4().hex[:8]}"
 
 
-def kinds(traffic: Traffic) -> Counter[str]:
+def kinds(traffic: Traffic, lanes: int) -> Counter[str]:
     """What an idle consumer's round trips were for; a script loaded once on a server that had
     none is the one allowance (the claim that found it missing is sent again)."""
-    shards = order_settings.SHARDS
-    known = {("EVALSHA",): "script", ("ZRANGE",) * (2 * shards): "refresh",
+    known = {("EVALSHA",): "script", ("ZRANGE",) * (2 * lanes): "refresh",
              ("SSUBSCRIBE",): "subscribe", ("SUBSCRIBE",): "subscribe"}
     counted: Counter[str] = Counter()
     for trip in traffic.asked():

@@ -19,9 +19,9 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from order_timeout.deadletters import STAFF_CHUNK
 from order_timeout.models import DeadLetter, Order
 from order_timeout.signals import order_expired
+from order_timeout.timers.staff import STAFF_CHUNK
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -48,10 +48,10 @@ from order_timeout.dbsession import (
     limited_session,
     session_id,
 )
-from order_timeout.deadletters import close_now
 from order_timeout.models import DeadLetter, Order
 from order_timeout.signals import deadline_approaching
 from order_timeout.stuck import EXIT_STUCK
+from order_timeout.timers.staff import close_now
 from testproject.shop.models import Expiry
 
 from .conftest import free_port, time_left, wait_for

@@ -42,7 +42,9 @@ class AbstractShopOrder(models.Model):
         "Draft": ("Pending", "Cancelled"),
         "Pending": ("Paid", "Cancelled"),
         "Paid": ("Being processed", "Cancelled"),
-        "Being processed": ("Complete", "Cancelled"),
+        "Being processed": ("Delivered", "Complete", "Cancelled"),
+        # Complete once the return window has passed (the shop's timer, testproject/shop/timers.py).
+        "Delivered": ("Complete", "Returned"),
         "Cancelled": ("Archived",),
         "Complete": ("Archived",),
     }
@@ -76,7 +78,13 @@ class AbstractShopOrder(models.Model):
 
 
 class ShopOrder(AbstractShopOrder, TimeoutOrderMixin):
-    """The shop's order with timeouts: its own status field and values, declared to the app."""
+    """The shop's order with timeouts: its own status field and values, declared to the app.
+
+    ``completes_at``: when a delivered order completes (the end of its return window), a column
+    the shop owns, read by its own timer (testproject/shop/timers.py).
+    """
+
+    completes_at = models.DateTimeField(null=True, blank=True, db_index=True)
 
     # Staff build draft orders in the dashboard; the deadline runs once one is placed (Pending).
     TIMEOUT_DRAFT_STATUSES = ("Draft",)
@@ -86,6 +94,13 @@ class ShopOrder(AbstractShopOrder, TimeoutOrderMixin):
 
     class Meta(AbstractShopOrder.Meta, TimeoutOrderMixin.Meta):
         indexes = [*AbstractShopOrder.Meta.indexes, *TimeoutOrderMixin.Meta.indexes]
+
+
+class Return(models.Model):
+    """A return the customer opened for a delivered order: while it is open the order does not complete."""
+
+    order = models.ForeignKey(ShopOrder, on_delete=models.CASCADE, related_name="returns")
+    state = models.CharField(max_length=16, default="open")
 
 
 class OrderStatusChange(models.Model):
@@ -98,6 +113,27 @@ class OrderStatusChange(models.Model):
 class StockRecord(models.Model):
     num_in_stock = models.PositiveIntegerField(default=0)
     num_allocated = models.IntegerField(default=0)
+
+
+class Checkout(models.Model):
+    """A checkout in progress: while it is completing, the stock it reserved stays reserved."""
+
+    state = models.CharField(max_length=16, default="open")  # open, completing, completed
+
+
+class StockReservation(models.Model):
+    """Stock held for a checkout for a while: released when it lapses (testproject/shop/timers.py)."""
+
+    stockrecord = models.ForeignKey(StockRecord, on_delete=models.PROTECT, related_name="reservations")
+    checkout = models.ForeignKey(Checkout, on_delete=models.CASCADE, related_name="reservations")
+    quantity = models.PositiveIntegerField(default=1)
+    state = models.CharField(max_length=16, default="held")  # held, released, used
+    expires_at = models.DateTimeField(null=True, blank=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        # What the timer's scan walks: the held reservations by deadline.
+        indexes = [models.Index(fields=["state", "expires_at"])]
 
 
 class Line(models.Model):

@@ -76,6 +76,10 @@ THRESHOLDS = {
 }
 
 
+# A declared timer's name for the figure a threshold watches, where it differs.
+TIMER_FIGURES = {"overdue_unpaid_in_database": "overdue_in_database"}
+
+
 class Command(BaseCommand):
     help = ("Print the timeout queue's backlog; exit 2 when a --max-... threshold is crossed.")
 
@@ -96,10 +100,16 @@ class Command(BaseCommand):
         except OrderTimeoutError as exc:
             raise CommandError(f"Cannot read the queue: {exc}") from exc
         self._print(health, as_json=options["json"])
+        # Every kind is held to the same thresholds: the order close, and each declared timer.
+        kinds: list[tuple[str, Any]] = [("", health), *((f"timer {name}: ", figures)
+                                                        for name, figures in health.timers.items())]
         crossed = [
-            threshold.crossed.format(value=getattr(health, threshold.figure), limit=options[option])
+            prefix + threshold.crossed.format(value=getattr(figures, field), limit=options[option])
+            for prefix, figures in kinds
             for option, threshold in THRESHOLDS.items()
-            if options[option] is not None and getattr(health, threshold.figure) > options[option]
+            for field in [TIMER_FIGURES.get(threshold.figure, threshold.figure) if prefix else threshold.figure]
+            if options[option] is not None and getattr(figures, field, None) is not None
+            and getattr(figures, field) > options[option]
         ]
         if crossed:
             raise CommandError("; ".join(crossed), returncode=THRESHOLD_CROSSED)
@@ -109,7 +119,13 @@ class Command(BaseCommand):
         if as_json:
             self.stdout.write(json.dumps(figures))
             return
+        timers = figures.pop("timers")
         width = max(map(len, figures))
         for key, value in figures.items():
             shown = "not counted (--no-drift)" if value is None else value
             self.stdout.write(f"{key.replace('_', ' '):<{width}}  {shown}")
+        for name, own in timers.items():
+            self.stdout.write(f"\ntimer {name}")
+            for key, value in own.items():
+                shown = "not counted (--no-drift)" if value is None else value
+                self.stdout.write(f"  {key.replace('_', ' '):<{width}}  {shown}")

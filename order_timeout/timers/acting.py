@@ -1,0 +1,239 @@
+"""The database side of the lifecycle: lock the rows by the database's clock, re-check, act.
+
+Knows nothing of Redis, and nothing of any one kind: it takes a kind's keys
+and reports what became of each (an ``Outcome``), so the caller can ack,
+reschedule or retry. Whether a row is due is decided by the database server's
+clock, in the statement that locks it: a caller whose own clock runs fast can
+be late, never early.
+
+One transaction locks the batch's rows (``SELECT ... FOR UPDATE SKIP LOCKED``),
+the kind re-checks each under the lock and acts on the due ones with no
+savepoint (its UPDATE and its receivers): a few statements per batch. If a
+receiver refuses, the whole transaction is rolled back and run again without
+that key, the others in a savepoint, and if another refuses too one savepoint
+each, so a key whose receiver refuses fails alone. A batch that fails as a
+whole for another reason, while the database still answers, is tried again a
+key at a time. A lock conflict (deadlock, lock wait timeout), in the lock or in
+a receiver, is the database's: the transaction is tried again at once, then the
+keys are reported busy. A receiver's lost connection is the database's too:
+the error is raised and nothing was acted on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.db import Error as DatabaseError, OperationalError, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.transaction import TransactionManagementError
+
+from ..dberrors import is_lock_conflict
+from ..dbsession import limit_transaction
+from ..exceptions import ImmediateShutdown
+from ..rowlock import StillConflicting, Stopped, retrying_lock_conflicts
+from .outcome import Key, Outcome
+
+if TYPE_CHECKING:
+    from .kind import Due, Timer
+
+logger = logging.getLogger("order_timeout")
+
+
+class ReceiverFailed(Exception):
+    """A receiver of ``key``'s act raised ``error`` (anything, ``SystemExit`` included)."""
+
+    def __init__(self, key: Key, error: BaseException) -> None:
+        super().__init__(key, error)
+        self.key, self.error = key, error
+
+
+def run_receiver(key: Key, using: str, send: Callable[[], Any]) -> None:
+    """Run one key's receivers; whatever they raise fails that key alone (as ``ReceiverFailed``).
+
+    Only the consumer's own immediate shutdown goes through. A receiver that
+    marked the transaction for rollback fails its key too: the act would be
+    undone silently, yet acked.
+    """
+    try:
+        send()
+        if transaction.get_rollback(using=using):
+            raise TransactionManagementError("a receiver marked the transaction for rollback")
+    except ImmediateShutdown:
+        raise
+    except BaseException as exc:
+        raise ReceiverFailed(key, exc) from exc
+
+
+def act_on(kind: Timer, keys: Sequence[Key], *, should_stop: Callable[[], bool] | None = None,
+           progress: Callable[[], None] | None = None) -> Outcome:
+    """Act on the keys among ``keys`` that are still due by the database's clock; report each.
+
+    ``should_stop`` is asked before every transaction after the first; once it
+    says yes, the keys not yet looked at are reported abandoned. ``progress``
+    is called each time a key's receivers have run (a watchdog tells a slow
+    batch from a stuck one by it). Raises a database error only when the
+    database stops answering: nothing was acted on, the caller retries later.
+    """
+    using = kind.using
+    connection = connections[using]
+    stopping = should_stop or (lambda: False)
+
+    def attempt(keys: Sequence[Key]) -> Outcome:
+        """The fast path; if a receiver refused, the whole batch again, carefully."""
+        try:
+            return retrying_lock_conflicts(using, lambda: _transaction(kind, keys, using, progress=progress),
+                                           stopping, kind.doing)
+        except _Refused as refusal:
+            if stopping():
+                raise Stopped from refusal
+            refused = refusal.refused
+        return retrying_lock_conflicts(
+            using, lambda: _transaction(kind, keys, using, refused=refused, progress=progress), stopping,
+            kind.doing)
+
+    try:
+        return attempt(keys)
+    except StillConflicting:
+        return Outcome(busy=list(keys))
+    except Stopped:
+        return Outcome(abandoned=list(keys))
+    except Exception as exc:
+        batch_error = exc
+    if connection.in_atomic_block:
+        # The caller's transaction is broken too; only the caller can roll it back.
+        raise batch_error
+    if not _database_answers(connection):
+        raise _unreachable(batch_error)
+    outcome = Outcome()
+    if stopping():
+        outcome.abandoned = list(keys)
+        return outcome
+    if len(keys) == 1:
+        outcome.failed[keys[0]] = batch_error
+        return outcome
+    logger.warning("%s: a batch of %d failed as a whole (%s: %s); acting on its keys one by one.",
+                   kind.label, len(keys), type(batch_error).__name__, batch_error)
+    for index, key in enumerate(keys):
+        if stopping():
+            outcome.abandoned += keys[index:]
+            break
+        try:
+            outcome.merge(attempt([key]))
+        except StillConflicting:
+            outcome.busy.append(key)
+        except Stopped:
+            outcome.abandoned += keys[index:]
+            break
+        except Exception as exc:
+            if not _database_answers(connection):
+                raise _unreachable(exc)  # noqa: B904 (_unreachable chains the cause itself)
+            outcome.failed[key] = exc
+    return outcome
+
+
+class _Refused(Exception):
+    """A receiver refused in the fast path: the batch is rolled back, to be acted on with savepoints."""
+
+    def __init__(self, refused: dict[Key, BaseException]) -> None:
+        super().__init__(refused)
+        self.refused = refused
+
+
+def _unreachable(error: Exception) -> DatabaseError:
+    """The error to raise when the database stopped answering: always a database error."""
+    if isinstance(error, DatabaseError):
+        return error
+    wrapped = OperationalError(f"the database stopped answering: {error}")
+    wrapped.__cause__ = error
+    return wrapped
+
+
+def _database_answers(connection: BaseDatabaseWrapper) -> bool:
+    """Reconnect if needed; False when the database cannot be reached."""
+    try:
+        connection.close_if_unusable_or_obsolete()
+        connection.ensure_connection()
+        return connection.is_usable()
+    except DatabaseError:
+        return False
+
+
+def _databases(error: BaseException, using: str) -> bool:
+    """Whether a receiver's error is the database's, not the key's: the savepoint could not be
+    rolled back, a lock conflict, or the server ended the session."""
+    return (transaction.get_connection(using).needs_rollback or is_lock_conflict(error)
+            or (isinstance(error, DatabaseError) and not connections[using].is_usable()))
+
+
+def _transaction(kind: Timer, keys: Sequence[Key], using: str, refused: dict[Key, BaseException] | None = None,
+                 progress: Callable[[], None] | None = None) -> Outcome:
+    """One transaction: lock, re-check and act on ``keys``; ``refused``: the careful second pass."""
+    outcome = Outcome()
+    if not keys:
+        return outcome
+    # The base manager: a shop's default manager may hide rows (soft delete, tenants).
+    manager = kind.model._base_manager.db_manager(using)
+    with transaction.atomic(using=using):
+        limit_transaction(using)  # under transaction pooling only: the limits, for this transaction
+        due = kind.judge(keys, kind.lock(manager, [kind.row_of(key) for key in keys]), outcome)
+        if not due:
+            return outcome
+        now = outcome.db_now
+        assert now is not None  # a row was locked, so the database's clock was read
+        if refused is None:
+            try:
+                kind.act(due, now, progress)
+            except ReceiverFailed as failure:
+                if _databases(failure.error, using):
+                    raise failure.error from failure.error.__cause__  # keep the driver's error: it says why
+                raise _Refused({failure.key: failure.error}) from failure.error
+            _acted(outcome, due)
+            return outcome
+        outcome.failed.update({key: refused[key] for key, _row in due if key in refused})
+        due = [(key, row) for key, row in due if key not in refused]
+        if due:
+            try:
+                with transaction.atomic(using=using):
+                    kind.act(due, now, progress)
+            except ReceiverFailed as failure:
+                if _databases(failure.error, using):
+                    raise failure.error from failure.error.__cause__
+                # This key's try has failed; the rest of the batch goes on.
+                outcome.failed[failure.key] = failure.error
+                _one_by_one(kind, [item for item in due if item[0] != failure.key], now, outcome, using, progress)
+            except Exception as exc:
+                if _databases(exc, using):
+                    raise
+                _one_by_one(kind, due, now, outcome, using, progress)
+            else:
+                _acted(outcome, due)
+    return _moments_of_acted(outcome)
+
+
+def _one_by_one(kind: Timer, due: list[Due], now: Any, outcome: Outcome, using: str,
+                progress: Callable[[], None] | None) -> None:
+    """Act on each key in a savepoint of its own, so a failing one fails alone."""
+    for item in due:
+        try:
+            with transaction.atomic(using=using):
+                kind.act([item], now, progress)
+        except Exception as exc:
+            error = exc.error if isinstance(exc, ReceiverFailed) else exc
+            if _databases(error, using):
+                raise error from error.__cause__
+            outcome.failed[item[0]] = error
+        else:
+            _acted(outcome, [item])
+
+
+def _acted(outcome: Outcome, due: list[Due]) -> None:
+    passed = set(outcome.passed)
+    outcome.acted.extend(key for key, _row in due if key not in passed)
+
+
+def _moments_of_acted(outcome: Outcome) -> Outcome:
+    acted = set(outcome.acted)
+    outcome.moments = {key: moment for key, moment in outcome.moments.items() if key in acted}
+    return outcome

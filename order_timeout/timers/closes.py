@@ -1,0 +1,110 @@
+"""The order close: an unpaid order whose payment deadline passed is closed, ``order_expired`` fires.
+
+Declared like any timer, on ``ORDER_MODEL`` (read from the settings each
+time, so a project's own model is the one closed). What it says beyond a
+plain declaration: the row's own status decides (``awaits_payment``, no
+subquery), a hold that ran past ``MAX_HOLD`` closes with its own reason, and
+its receivers are the app's two signals. Its Redis keys are those of every
+release (``{prefix}:pending``), its members the plain primary key.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from functools import partial
+from typing import Any
+
+from django.db.models import Q
+
+from .. import get_order_model
+from ..conf import settings
+from ..keys import CLOSE
+from ..models import HOLD_EXPIRED_REASON, TIMEOUT_REASON
+from ..rowlock import LockedOrders, lock_orders
+from ..signals import order_expired, orders_expired
+from .acting import run_receiver
+from .kind import Due, Timer
+from .outcome import Key, Outcome
+
+
+class OrderTimeout(Timer):
+    name = ""
+    queue_name = CLOSE
+    log_extra = "batch"
+    log_name = "batch"
+    metric_family = "closes"
+    labels = {"acted": "closed", "settled": "skipped_paid", "given_up": "dead_lettered"}
+    # Metric labels of order_timeout_closes_total{outcome} (unchanged since 0.1).
+    metric_labels = {"acted": "closed", "settled": "settled", "not_due": "rescheduled", "busy": "busy",
+                     "held": "held", "failed": "failed", "given_up": "dead_lettered", "dropped": "dropped",
+                     "abandoned": "abandoned"}
+
+    def __init__(self, model: Any = None) -> None:
+        # None: ORDER_MODEL, read each time (a test or a shop may point it elsewhere).
+        self._model = model
+        super().__init__()
+
+    @property
+    def model(self) -> Any:  # type: ignore[override]
+        return self._model or get_order_model()
+
+    @property
+    def pending(self) -> Q:  # type: ignore[override]
+        return self.model.unpaid_q()
+
+    @property
+    def doing(self) -> str:
+        return "closing"
+
+    @property
+    def failure_noun(self) -> str:
+        return "close"
+
+    def describe(self, key: Key) -> str:
+        return f"order={key}"
+
+    def hold_condition(self) -> Q | None:
+        return settings.hold_condition()
+
+    def lock(self, manager: Any, pks: Any) -> LockedOrders:
+        locked = lock_orders(manager, pks, hold=self.hold_condition())
+        locked.deadlines = {pk: order.expires_at for pk, order in locked.rows.items()}
+        return locked
+
+    def is_pending(self, row: Any, locked: LockedOrders) -> bool:
+        # The row's own status, read in Python: no subquery per batch.
+        return bool(row.awaits_payment)
+
+    def waits(self, row: Any) -> bool:
+        return bool(row.awaits_payment)
+
+    def judge(self, keys: Any, locked: LockedOrders, outcome: Outcome) -> list[Due]:
+        due = super().judge(keys, locked, outcome)
+        for key, order in due:
+            # Due while still held: its hold ran past MAX_HOLD.
+            order._timeout_close_reason = HOLD_EXPIRED_REASON if key in locked.held else TIMEOUT_REASON
+        return due
+
+    def act(self, due: list[Due], now: datetime, progress: Any = None) -> None:
+        """One UPDATE per close reason, ``order_expired`` per order, ``orders_expired`` per batch."""
+        orders = [order for _key, order in due]
+        model = type(orders[0])
+        manager = model._base_manager.db_manager(self.using)
+        by_reason: dict[str, list[Any]] = {}
+        for order in orders:
+            by_reason.setdefault(order._timeout_close_reason, []).append(order)
+        values = {reason: model.closing_values(now, reason) for reason in by_reason}
+        # Locked and judged due by the database's clock: neither status nor deadline can move now.
+        for reason, group in by_reason.items():
+            manager.filter(model.unpaid_q(), pk__in=[order.pk for order in group]).update(**values[reason])
+        previous_statuses: dict[Key, Any] = {}
+        for order in orders:
+            previous = previous_statuses[order.pk] = order.timeout_status
+            order._apply_close(values[order._timeout_close_reason])
+            run_receiver(order.pk, self.using,
+                         partial(order_expired.send, sender=model, order=order, previous_status=previous))
+            if progress is not None:
+                progress()
+        # A batch receiver that raises fails the whole batch; acting then gives each order a
+        # batch of its own.
+        orders_expired.send(sender=model, orders=orders, previous_statuses=previous_statuses)

@@ -1,0 +1,134 @@
+"""Where a kind's deadlines live: a column of the model, or the app's own table.
+
+A model the shop owns holds its deadline in a column (``expires_at``, or any
+``DateTimeField`` a timer names). A model the shop cannot migrate (a
+framework's, another system's table) keeps its deadlines in
+``order_timeout.Deadline`` rows, one per timer and row, set with
+``timer.set_deadline()``: the act still locks the shop's row, re-checks it
+and updates it conditionally; its deadline row goes with the act.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..keyset import rows_by_deadline
+
+if TYPE_CHECKING:
+    from .kind import Timer
+
+Rows = Iterator[list[tuple[Any, datetime]]]
+
+
+class DeadlineStore(Protocol):
+    def read(self, manager: Any, rows: dict[Any, Any]) -> dict[Any, datetime | None]:
+        """The deadline of each locked row (read in the transaction that locked them)."""
+
+    def of(self, row: Any) -> datetime | None:
+        """A row's deadline as the row in hand says (for scheduling it after a save)."""
+
+    def done(self, manager: Any, pks: Sequence[Any]) -> None:
+        """The rows were acted on (or settled): their deadlines are spent."""
+
+    def walk(self, rows: Any, chunk: int, *, before: datetime | None = None, after: datetime | None = None,
+             until: datetime | None = None) -> Rows:
+        """``(pk, deadline)`` of ``rows`` in deadline order, ``chunk`` at a time."""
+
+    def count(self, rows: Any, *, before: datetime | None = None, after: datetime | None = None,
+              until: datetime | None = None) -> int:
+        """How many ``walk`` would yield."""
+
+
+class ColumnDeadlines:
+    def __init__(self, field: str) -> None:
+        self.field = field
+
+    def read(self, manager: Any, rows: dict[Any, Any]) -> dict[Any, datetime | None]:
+        return {pk: getattr(row, self.field) for pk, row in rows.items()}
+
+    def of(self, row: Any) -> datetime | None:
+        return getattr(row, self.field)
+
+    def done(self, manager: Any, pks: Sequence[Any]) -> None:
+        pass  # the act's UPDATE moved the row on: the re-check says so from now on
+
+    def _within(self, rows: Any, before: datetime | None, after: datetime | None, until: datetime | None) -> Any:
+        bounds = {f"{self.field}__lt": before, f"{self.field}__gt": after, f"{self.field}__lte": until}
+        rows = rows.filter(**{lookup: value for lookup, value in bounds.items() if value is not None})
+        return rows.exclude(**{f"{self.field}__isnull": True})
+
+    def walk(self, rows: Any, chunk: int, *, before: datetime | None = None, after: datetime | None = None,
+             until: datetime | None = None) -> Rows:
+        return rows_by_deadline(self._within(rows, before, after, until), chunk, field=self.field)
+
+    def count(self, rows: Any, *, before: datetime | None = None, after: datetime | None = None,
+              until: datetime | None = None) -> int:
+        return int(self._within(rows, before, after, until).count())
+
+
+class OutsideDeadlines:
+    """Deadlines in ``order_timeout.Deadline``: ``(timer, object_id) -> expires_at``."""
+
+    def __init__(self, timer: Timer) -> None:
+        self.timer = timer
+
+    def _table(self) -> Any:
+        from ..models import Deadline
+
+        return Deadline.objects.using(self.timer.using).filter(timer=self.timer.name)
+
+    def _pk(self, object_id: str) -> Any:
+        return self.timer.model._meta.pk.to_python(object_id)
+
+    def read(self, manager: Any, rows: dict[Any, Any]) -> dict[Any, datetime | None]:
+        if not rows:
+            return {}
+        found = self._table().filter(object_id__in=[str(pk) for pk in rows]).values_list("object_id", "expires_at")
+        return {self._pk(object_id): expires_at for object_id, expires_at in found}
+
+    def of(self, row: Any) -> datetime | None:
+        return self._table().filter(object_id=str(row.pk)).values_list("expires_at", flat=True).first()
+
+    def done(self, manager: Any, pks: Sequence[Any]) -> None:
+        if pks:
+            self._table().filter(object_id__in=[str(pk) for pk in pks]).delete()
+
+    def _within(self, before: datetime | None, after: datetime | None, until: datetime | None) -> Any:
+        bounds = {"expires_at__lt": before, "expires_at__gt": after, "expires_at__lte": until}
+        return self._table().filter(**{lookup: value for lookup, value in bounds.items() if value is not None})
+
+    def walk(self, rows: Any, chunk: int, *, before: datetime | None = None, after: datetime | None = None,
+             until: datetime | None = None) -> Rows:
+        # Every deadline of the timer: whether its row is still pending, the act's re-check says.
+        for part in rows_by_deadline(self._within(before, after, until), chunk, key="object_id"):
+            yield [(self._pk(object_id), expires_at) for object_id, expires_at in part]
+
+    def count(self, rows: Any, *, before: datetime | None = None, after: datetime | None = None,
+              until: datetime | None = None) -> int:
+        return int(self._within(before, after, until).count())
+
+    def set(self, row: Any, at: datetime | None) -> None:
+        """Write (or delete) the row's deadline and schedule it once the transaction commits."""
+        from django.db import models, transaction
+        from django.utils import timezone
+
+        from ..models import Deadline
+
+        if at is not None and (not isinstance(at, datetime) or timezone.is_naive(at)):
+            raise ValueError(f"a deadline must be an aware datetime (or None: no deadline), got {at!r}")
+        model = self.timer.model
+        pk = row.pk if isinstance(row, models.Model) else model._meta.pk.to_python(row)
+        using = self.timer.using
+        with transaction.atomic(using=using):
+            # Locked: an act on the row in progress commits first, and then the new deadline is
+            # the next one; never a deadline written under an act that does not see it.
+            if not model._base_manager.db_manager(using).select_for_update().filter(pk=pk).exists():
+                raise model.DoesNotExist(f"{model.__name__} {pk!r} does not exist.")
+            if at is None:
+                self._table().filter(object_id=str(pk)).delete()
+            else:
+                Deadline.objects.using(using).update_or_create(timer=self.timer.name, object_id=str(pk),
+                                                               defaults={"expires_at": at})
+            self.timer.schedule([row if isinstance(row, models.Model) else model(pk=pk)])

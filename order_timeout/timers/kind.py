@@ -1,0 +1,287 @@
+"""A kind of timer: what one timed transition says, and only what differs between kinds.
+
+The lifecycle (claim -> lock by the database's clock -> re-check -> act ->
+settle: ack, reschedule, busy, held, retry with backoff, takeover limit, give
+up, watchdog, one-by-one fallback) is written once, in ``acting`` and
+``lifecycle``. A kind says which rows, where their deadlines live, the
+re-check, the act, and what giving up records. The order close
+(``closes.OrderTimeout``) and the reminders (``reminders.Reminders``) are
+kinds; so is any transition a shop declares::
+
+    # shop/timers.py (found by the app at start-up, as admin.py is)
+    from django.db.models import Q
+    from order_timeout import timers
+
+    @timers.register(StockReservation)
+    class ReservationLapses(timers.Timer):
+        name = "reservation-lapses"
+        deadline = "expires_at"                 # a column of the model (None: the app's own table)
+        pending = Q(state="held")               # the row must still meet it under its lock
+        values = {"state": "released", "released_at": timers.NOW}   # one UPDATE per batch
+        hold = Q(checkout__state="completing")  # optional: held, looked at again
+
+        def fire(self, rows, now):              # optional: in the same transaction
+            release_stock(rows)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, ClassVar
+
+from django.db import models, router
+from django.db.models import Q
+
+from ..codec import deadline_score, now_score, order_member, parse_member
+from ..conf import settings
+from ..rowlock import LockedOrders, lock_orders
+from .deadlines import ColumnDeadlines, DeadlineStore, OutsideDeadlines
+from .outcome import Key, Outcome
+
+# One key with its locked row, due now.
+Due = tuple[Key, Any]
+
+
+class _Now:
+    """In ``Timer.values``: the database's time when the rows were locked."""
+
+    def __repr__(self) -> str:
+        return "timers.NOW"
+
+
+NOW = _Now()
+# ``Timer.max_hold`` left to the setting ``MAX_HOLD``.
+SETTING = object()
+
+
+class Timer:
+    """A timed transition of one model's rows; subclass it, say what differs, ``register`` it."""
+
+    # -- the declaration (what a shop writes) -------------------------------------------------
+
+    # The model whose rows it moves (set by ``register``).
+    model: ClassVar[type[models.Model]]
+    # Unique among the timers; the Redis keys' namespace ({prefix}:<name>:pending) and the
+    # kind a dead letter names. Letters, digits and _ . -.
+    name: ClassVar[str] = ""
+    # The DateTimeField holding each row's deadline; None: deadlines live in the app's own
+    # table (order_timeout.Deadline), set with ``set_deadline()``, for a model you cannot migrate.
+    deadline: ClassVar[str | None] = "expires_at"
+    # What the row must still meet, under its lock, to be acted on (a Q over the model).
+    pending: ClassVar[Q] = Q()
+    # Written by one conditional UPDATE per batch; ``NOW`` is the database's time.
+    values: ClassVar[Mapping[str, Any]] = {}
+    # A due row that meets this is held (left as it is, looked at again every HOLD_RECHECK)
+    # until ``max_hold`` seconds past its deadline. None: nothing holds.
+    hold: ClassVar[Q | None] = None
+    max_hold: ClassVar[Any] = SETTING
+    # What ``values`` writes is final: a save that moves an acted-on row away from it raises
+    # ``order_timeout.exceptions.OrderClosed`` (the model's own save path; no edit of the model).
+    final: ClassVar[bool] = False
+
+    def fire(self, rows: list[Any], now: datetime) -> None:
+        """Called once per batch after the UPDATE, in the same transaction (``rows``: the locked
+        instances, ``values`` applied). Raising fails the batch, which is then acted on again a
+        row at a time, so a failing row fails alone."""
+
+    # -- how the lifecycle reads it (the built-in kinds override some) -----------------------
+
+    # The queue's kind of timer in Redis (the key namespace); the name unless a kind says so.
+    queue_name: ClassVar[str | None] = None
+    # A kind's own words for the lifecycle's outcomes, in log lines and reports.
+    labels: ClassVar[Mapping[str, str]] = {}
+
+    def __init__(self) -> None:
+        self.deadlines: DeadlineStore = (OutsideDeadlines(self) if self.deadline is None
+                                         else ColumnDeadlines(self.deadline))
+
+    def __repr__(self) -> str:
+        return f"<timer {self.name!r} of {self.model._meta.label}>"
+
+    @property
+    def key_space(self) -> str:
+        return self.name if self.queue_name is None else self.queue_name
+
+    @property
+    def label(self) -> str:
+        return f"timer {self.name}" if self.name else "order timeout"
+
+    @property
+    def doing(self) -> str:
+        """What the lifecycle is doing, for a log line ("closing", "sending reminders")."""
+        return f"acting on {self.label}"
+
+    @property
+    def failure_noun(self) -> str:
+        """What failed, in a log line ("close failed order=5 ...")."""
+        return self.label
+
+    # How a give-up reads in a log line: "... dead-lettered without another try", "next=dead-letter".
+    give_up_verb: ClassVar[str] = "dead-lettered"
+    give_up_next: ClassVar[str] = "dead-letter"
+    give_up_record: ClassVar[str] = "dead letter(s)"
+    # Which family of metrics counts its outcomes: "closes", "reminders", or "timers" (by name).
+    metric_family: ClassVar[str] = "timers"
+    metric_labels: ClassVar[Mapping[str, str]] = {}
+    # Its batch's log line starts with this; the line's fields go in ``record.<log_extra>``.
+    log_extra: ClassVar[str] = "timer"
+
+    @property
+    def log_name(self) -> str:
+        return f"timer {self.name}"
+
+    def describe(self, key: Key) -> str:
+        """A key in a log line."""
+        return f"{self.model._meta.model_name}={key}"
+
+    @property
+    def using(self) -> str:
+        return router.db_for_write(self.model)
+
+    # -- from the shop's side ----------------------------------------------------------------
+
+    def schedule(self, rows: Any) -> None:
+        """Make Redis follow these rows after commit (after ``bulk_create()`` or ``update()``,
+        which send no signals; a save does it by itself)."""
+        from ..scheduling import follow
+
+        follow([self], rows)
+
+    def unschedule(self, rows: Any) -> None:
+        """Take these rows off this timer's queue after commit."""
+        from ..scheduling import forget
+
+        forget([self], rows)
+
+    def set_deadline(self, row: Any, at: datetime | None) -> None:
+        """Give ``row`` (an instance or a primary key) its deadline ``at``, or take it away (None),
+        and schedule it after commit: for a timer whose deadlines live in the app's table."""
+        if not isinstance(self.deadlines, OutsideDeadlines):
+            raise TypeError(f"{self!r} reads its deadlines from {self.model._meta.label}.{self.deadline}: "
+                            "set that field and save the row.")
+        self.deadlines.set(row, at)
+
+    # -- members -----------------------------------------------------------------------------
+
+    def member(self, key: Key) -> str:
+        return order_member(self.model, key)
+
+    def parse(self, member: str) -> Key:
+        """The key a member names; ``ValueError`` when it names none (it goes to the quarantine)."""
+        return parse_member(self.model, member)
+
+    def row_of(self, key: Key) -> Any:
+        """The primary key of the row to lock for ``key``."""
+        return key
+
+    def follow(self, row: Any) -> tuple[dict[str, int], list[str]]:
+        """What Redis must hold for ``row`` as it is now: ``({member: score}, [members to forget])``."""
+        member = self.member(row.pk)
+        deadline = self.deadlines.of(row)
+        if deadline is None or not self.waits(row):
+            return {}, [member]
+        return {member: deadline_score(deadline)}, []
+
+    def waits(self, row: Any) -> bool:
+        """Whether a row in hand may still be acted on (a cheap look; the re-check under the lock
+        decides). True: every row with a deadline is scheduled."""
+        return True
+
+    def scores(self, rows: Sequence[tuple[Any, datetime]]) -> dict[str, int]:
+        """The members and scores of rows ``(pk, deadline)`` waiting for their deadline."""
+        return {self.member(pk): deadline_score(deadline) for pk, deadline in rows}
+
+    # -- under the lock ---------------------------------------------------------------------
+
+    def hold_condition(self) -> Q | None:
+        return self.hold
+
+    def longest_hold(self) -> timedelta | None:
+        seconds = settings.MAX_HOLD if self.max_hold is SETTING else self.max_hold
+        return None if seconds is None else timedelta(seconds=seconds)
+
+    def lock(self, manager: Any, pks: Sequence[Any]) -> LockedOrders:
+        """Lock the rows (one SELECT, the database's clock on it), and learn their deadlines."""
+        locked = lock_orders(manager, pks, hold=self.hold_condition(),
+                             pending=None if self.pending == Q() else self.pending)
+        locked.deadlines = self.deadlines.read(manager, locked.rows)
+        return locked
+
+    def is_pending(self, row: Any, locked: LockedOrders) -> bool:
+        return row.pk in locked.pending
+
+    def judge(self, keys: Sequence[Key], locked: LockedOrders, outcome: Outcome) -> list[Due]:
+        """Sort the keys under the lock: the due ones (returned, with their rows) and the rest."""
+        now = outcome.db_now = locked.db_now
+        longest = self.longest_hold()
+        due: list[Due] = []
+        for key in keys:
+            row = locked.rows.get(key)
+            deadline = locked.deadlines.get(key)
+            if key in locked.busy:
+                outcome.busy.append(key)
+            elif row is None:
+                outcome.missing.append(key)
+            elif deadline is None or not self.is_pending(row, locked):
+                outcome.settled.append(key)
+            elif now is None or deadline > now:
+                outcome.not_due[key] = deadline
+            elif key in locked.held and (longest is None or now < deadline + longest):
+                outcome.held[key] = deadline
+            else:
+                due.append((key, row))
+                outcome.moments[key] = deadline
+        return due
+
+    def act(self, due: list[Due], now: datetime, progress: Any = None) -> None:
+        """One UPDATE for the batch, then ``fire``; the deadlines are done."""
+        rows = [row for _key, row in due]
+        values = {name: now if value is NOW else value for name, value in self.values.items()}
+        manager = self.model._base_manager.db_manager(self.using)
+        if values:
+            # Locked and judged due by the database's clock: the condition cannot change now.
+            manager.filter(self.pending, pk__in=[row.pk for row in rows]).update(**values)
+            for row in rows:
+                for name, value in values.items():
+                    setattr(row, name, value)
+        self.fire(rows, now)
+        self.deadlines.done(manager, [row.pk for row in rows])
+        if progress is not None:
+            progress()
+
+    def settled(self, outcome: Outcome) -> None:
+        """After the transaction: the keys found settled need their deadlines no more."""
+
+    # -- giving up, looking again -----------------------------------------------------------
+
+    def give_up(self, failures: Sequence[Any], now: datetime) -> Any:
+        """Record the keys whose act kept failing (a dead letter each, for staff); a ``Burial``."""
+        from .giving_up import record
+
+        return record(self, failures, now)
+
+    def recheck_ms(self, deadline: datetime, now: datetime) -> int:
+        """When to look at a held row again: HOLD_RECHECK from now, not past its longest hold."""
+        recheck = now_score(now) + round(1000 * settings.HOLD_RECHECK)
+        longest = self.longest_hold()
+        return recheck if longest is None else min(recheck, deadline_score(deadline + longest))
+
+    # -- what the scan walks ------------------------------------------------------------------
+
+    def overdue(self, before: datetime, chunk: int) -> Iterator[list[tuple[Any, datetime]]]:
+        """Rows still pending whose deadline is before ``before``, ``(pk, deadline)`` in chunks."""
+        return self.deadlines.walk(self._rows(), chunk, before=before)
+
+    def upcoming(self, after: datetime, until: datetime | None, chunk: int) -> Iterator[list[tuple[Any, datetime]]]:
+        """Rows still pending whose deadline is after ``after`` (and not after ``until``)."""
+        return self.deadlines.walk(self._rows(), chunk, after=after, until=until)
+
+    def count(self, *, before: datetime | None = None, after: datetime | None = None,
+              until: datetime | None = None) -> int:
+        """How many rows ``overdue`` (``before``) or ``upcoming`` (``after``, ``until``) would yield."""
+        return self.deadlines.count(self._rows(), before=before, after=after, until=until)
+
+    def _rows(self) -> Any:
+        # The primary: a replica may lag behind the acts this scan makes.
+        return self.model._base_manager.db_manager(self.using).filter(self.pending)

@@ -1,0 +1,207 @@
+"""The one lifecycle of every timer: a claim's members, acted on, settled in Redis.
+
+For one claim of one kind: read the members as keys (what names none goes to
+the quarantine), give up at once on one whose consumers kept dying with it,
+act on the rest under the batch's watch (``acting``: lock by the database's
+clock, re-check, act), then settle each key in Redis: ack what is done,
+reschedule what is not due yet, look again shortly at a row locked
+elsewhere, later at a held one, retry a failure after each of
+``RETRY_DELAYS`` and give it up after the last, hand an abandoned batch to
+the next claim. Written once: a fix or a speed-up here lands for every kind.
+
+Decided once for every kind (docs/design.md, "One lifecycle"): the takeover
+limit is checked after the members are read (an unreadable one is
+quarantined, a readable one given up through its kind); a batch that fails as
+a whole is tried again key by key; a lock conflict or a lost connection
+inside a receiver is the database's error, not the key's; every act calls
+``progress`` after each key's receivers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+from django.db import Error as DatabaseError
+
+from ..codec import deadline_score, now_score
+from ..exceptions import RepeatedTakeover
+from ..queue import BUSY, HELD, Claim, TimeoutQueue
+from .acting import act_on
+from .giving_up import Burial, Failure
+from .outcome import Key, Outcome, Report
+
+if TYPE_CHECKING:
+    from .kind import Timer
+
+logger = logging.getLogger("order_timeout")
+
+# A key whose row another transaction holds is claimed again this much later.
+BUSY_RETRY_MS = 1000
+
+
+class Watch(Protocol):
+    """What keeps an eye on a batch while it is acted on (the consumer's lease guard)."""
+
+    def watching(self, claim: Claim, queue: TimeoutQueue, using: str) -> AbstractContextManager[Any]: ...
+
+
+class Clock(Protocol):
+    """The host's clock corrected to the database's, learning from each batch."""
+
+    def __call__(self) -> datetime: ...
+
+    def learn(self, db_now: datetime | None) -> None: ...
+
+
+class Metrics(Protocol):
+    def record(self, kind: Timer, counts: dict[str, int], seconds: float, lateness: Iterator[float]) -> None: ...
+
+
+class Lifecycle:
+    """Process one claim of one kind: ``process(kind, queue, claim, now) -> Report``."""
+
+    def __init__(self, *, clock: Clock, watch: Watch, metrics: Metrics, retry_delays_ms: list[int],
+                 max_takeovers: int, lease_ms: int) -> None:
+        self.clock = clock
+        self.watch = watch
+        self.metrics = metrics
+        self.retry_delays_ms = retry_delays_ms
+        self.max_takeovers = max_takeovers
+        self.lease_ms = lease_ms
+
+    def process(self, kind: Timer, queue: TimeoutQueue, claim: Claim, now: datetime) -> Report:
+        by_key, malformed = self._read(kind, queue, claim, now)
+        report = Report(claimed=len(claim.members), dropped=len(malformed))
+        if claim.takeovers > self.max_takeovers and by_key:
+            return self._give_up_taken_over(kind, queue, claim, by_key, now, report)
+        with self.watch.watching(claim, queue, kind.using) as batch:
+            outcome = act_on(kind, list(by_key), should_stop=batch.expired if batch else None)
+        self.clock.learn(outcome.db_now)
+        acted_at = self.clock()
+        self._settle(kind, queue, claim.token, outcome, by_key, now, report)
+        self.metrics.record(kind, {
+            "acted": report.acted, "settled": report.settled, "passed": report.passed,
+            "not_due": report.rescheduled, "busy": report.busy, "held": report.held,
+            "failed": report.failed, "given_up": report.given_up, "dropped": report.dropped,
+            "abandoned": report.abandoned,
+        }, (self.clock() - now).total_seconds(),
+            ((acted_at - moment).total_seconds() for moment in outcome.moments.values()))
+        return report
+
+    # -- reading the members ------------------------------------------------------------------
+
+    @staticmethod
+    def _read(kind: Timer, queue: TimeoutQueue, claim: Claim, now: datetime) -> tuple[dict[Key, str], list[str]]:
+        """Each member's key; those that name none go to the quarantine (logged once)."""
+        by_key: dict[Key, str] = {}
+        malformed: list[str] = []
+        for member in claim.members:
+            try:
+                by_key[kind.parse(member)] = member
+            except ValueError:
+                malformed.append(member)
+        if malformed:
+            logger.error("%s: dropping %d malformed member(s) into the quarantine: %r", kind.label,
+                         len(malformed), malformed[:20])
+            queue.quarantine(claim.token, malformed, now_score(now))
+        return by_key, malformed
+
+    # -- settling in Redis ----------------------------------------------------------------------
+
+    def _settle(self, kind: Timer, queue: TimeoutQueue, token: str, outcome: Outcome, by_key: dict[Key, str],
+                now: datetime, report: Report) -> None:
+        now_ms = now_score(now)
+        if outcome.missing:
+            logger.warning("%s: no %s row for member(s) %r; dropped.", kind.label, kind.model.__name__,
+                           [by_key[key] for key in outcome.missing][:20])
+        queue.ack(token, [by_key[key] for key in
+                          (*outcome.acted, *outcome.settled, *outcome.passed, *outcome.missing)])
+        queue.reschedule(token, {by_key[key]: deadline_score(moment) for key, moment in outcome.not_due.items()})
+        # Locked by someone else: look again shortly, not counted as a failure.
+        queue.reschedule(token, {by_key[key]: now_ms + BUSY_RETRY_MS for key in outcome.busy},
+                         mark=BUSY, since_ms=now_ms)
+        # Held (a payment in flight): look again every HOLD_RECHECK, no later than its longest hold.
+        queue.reschedule(token, {by_key[key]: kind.recheck_ms(deadline, now) for key, deadline in outcome.held.items()},
+                         mark=HELD, since_ms=now_ms)
+        if outcome.abandoned:
+            # Hand them to the next claim at once, each alone (the guard did, unless it was not there).
+            queue.hand_over(token, [by_key[key] for key in outcome.abandoned], now_score(self.clock()))
+        report.given_up += self._retry_or_give_up(kind, queue, token, outcome.failed, by_key, now)
+        report.acted, report.settled, report.passed = len(outcome.acted), len(outcome.settled), len(outcome.passed)
+        report.rescheduled, report.busy, report.held = len(outcome.not_due), len(outcome.busy), len(outcome.held)
+        report.failed, report.abandoned = len(outcome.failed), len(outcome.abandoned)
+        report.dropped += len(outcome.missing)
+
+    def _retry_or_give_up(self, kind: Timer, queue: TimeoutQueue, token: str, failed: dict[Key, BaseException],
+                          by_key: dict[Key, str], now: datetime) -> int:
+        """Back off each failed key; past the last delay, give it up (its kind records it) and let go."""
+        if not failed:
+            return 0
+        key_of = {member: key for key, member in by_key.items()}
+        retries = queue.retry(token, [by_key[key] for key in failed], now_score(now), self.retry_delays_ms)
+        dead: list[Failure] = []
+        for retry in retries:
+            key = key_of[retry.member]
+            error = failed[key]
+            if retry.retry_at_ms is None:
+                dead.append(Failure(key, retry.attempts, retry.first_failure_ms, error))
+            logger.warning(
+                "%s failed %s attempt=%d error=%s: %s next=%s", kind.failure_noun, kind.describe(key),
+                retry.attempts, type(error).__name__, error,
+                kind.give_up_next if retry.retry_at_ms is None
+                else f"retry in {(retry.retry_at_ms - now_score(now)) / 1000:g}s",
+                exc_info=error, extra={"order_id": str(kind.row_of(key)), "attempt": retry.attempts},
+            )
+        return len(self._give_up(kind, queue, token, dead, by_key, now).buried) if dead else 0
+
+    def _give_up(self, kind: Timer, queue: TimeoutQueue, token: str, dead: list[Failure], by_key: dict[Key, str],
+                 now: datetime) -> Burial:
+        """Record the give-up of the keys still pending, then let every member go.
+
+        Recorded before the members leave Redis. If the record fails, they go
+        back on the queue a last retry delay later, to be given up then: at
+        most one try per that delay, never a loop, nothing lost.
+        """
+        members = [by_key[failure.key] for failure in dead]
+        try:
+            burial = kind.give_up(dead, now)
+        except DatabaseError as exc:
+            wait_ms = max(self.retry_delays_ms, default=self.lease_ms)
+            logger.error("Could not write %d %s (%s: %s); member(s) %s of %s go back on the queue and are "
+                         "given up %gs later.", len(dead), kind.give_up_record, type(exc).__name__, exc,
+                         ", ".join(members[:20]), kind.label, wait_ms / 1000)
+            queue.reschedule(token, {member: now_score(now) + wait_ms for member in members})
+            return Burial()
+        if burial.settled:
+            logger.info("%s: member(s) %s settled before their give-up was recorded: let go.", kind.label,
+                        ", ".join(by_key[key] for key in burial.settled[:20]))
+        queue.ack(token, members)
+        return burial
+
+    def _give_up_taken_over(self, kind: Timer, queue: TimeoutQueue, claim: Claim, by_key: dict[Key, str],
+                            now: datetime, report: Report) -> Report:
+        """A member whose consumers kept dying with it: given up, not tried again.
+
+        Unless its row is settled already (the give-up looks under the row
+        lock): a holder that overran its lease may still have committed the
+        act, and a dead letter would send staff after a row that needs nobody.
+        """
+        error = RepeatedTakeover(
+            f"Its consumer died, froze or overran LEASE_SECONDS with it {claim.takeovers} times "
+            "(a receiver that exits the process, runs out of memory or hangs?); not tried again.")
+        failures = [Failure(key, claim.takeovers, now_score(now), error) for key in by_key]
+        burial = self._give_up(kind, queue, claim.token, failures, by_key, now)
+        for key in burial.buried:
+            logger.error("%s taken over %d times: %s without another try.", kind.describe(key),
+                         claim.takeovers, kind.give_up_verb)
+        for key in (*burial.settled, *burial.missing):
+            logger.info("%s taken over %d times, but %s: let go.", kind.describe(key), claim.takeovers,
+                        "gone" if key in burial.missing else "settled already")
+        report.given_up += len(burial.buried)
+        report.settled += len(burial.settled)
+        report.dropped += len(burial.missing)
+        return report

@@ -1,0 +1,79 @@
+"""What became of the members of one claim (or one scan chunk): one vocabulary for every kind.
+
+The database side (``acting``) fills an ``Outcome`` per key; the lifecycle
+(``lifecycle``) turns it into acks, reschedules and retries and a ``Report``.
+A kind names the categories in its own words where people read them (log
+lines, metric labels: a close is "closed", a reminder "sent").
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime
+from typing import Any
+
+# What one key of a kind is: an order's primary key, (pk, lead) for a reminder.
+Key = Any
+
+
+@dataclass
+class Outcome:
+    """What became of each key handed to ``acting.act_on``."""
+
+    # Acted on: closed, sent, released, completed.
+    acted: list[Key] = field(default_factory=list)
+    # Nothing to do now or ever: settled (paid), done before, no deadline any more.
+    settled: list[Key] = field(default_factory=list)
+    # Passed over at its moment and recorded so (a reminder whose order was held): done.
+    passed: list[Key] = field(default_factory=list)
+    # No such row (deleted, or a member from another database).
+    missing: list[Key] = field(default_factory=list)
+    # Row locked by another transaction, or lock conflicts on every immediate retry:
+    # skipped rather than waited for, so it cannot stall the batch; not a failure.
+    busy: list[Key] = field(default_factory=list)
+    # Its moment is still ahead (the deadline moved): key -> that moment.
+    not_due: dict[Key, datetime] = field(default_factory=dict)
+    # Due, but the hold condition holds it (a payment in flight), within its longest hold:
+    # key -> the row's deadline. Left as it is, to be looked at again.
+    held: dict[Key, datetime] = field(default_factory=dict)
+    # Acting raised (a receiver, usually): key -> the exception; the row is left as it was.
+    failed: dict[Key, BaseException] = field(default_factory=dict)
+    # Not looked at: the caller asked to stop (its batch ran out of time).
+    abandoned: list[Key] = field(default_factory=list)
+    # The database's clock when it locked the rows (None if no row was locked).
+    db_now: datetime | None = None
+    # The moments of the keys acted on (deadline, or deadline minus a reminder's lead): their lateness.
+    moments: dict[Key, datetime] = field(default_factory=dict)
+
+    def merge(self, other: Outcome) -> None:
+        for item in fields(self):
+            mine, theirs = getattr(self, item.name), getattr(other, item.name)
+            if isinstance(mine, list):
+                mine += theirs
+            elif isinstance(mine, dict):
+                mine.update(theirs)
+        self.db_now = other.db_now or self.db_now
+
+
+@dataclass
+class Report:
+    """What one batch did, in the lifecycle's words; a kind's ``labels`` name them for people."""
+
+    claimed: int = 0
+    acted: int = 0
+    settled: int = 0
+    passed: int = 0
+    rescheduled: int = 0
+    busy: int = 0
+    held: int = 0
+    failed: int = 0
+    given_up: int = 0
+    dropped: int = 0
+    abandoned: int = 0
+
+    def add(self, other: Report) -> None:
+        for item in fields(self):
+            setattr(self, item.name, getattr(self, item.name) + getattr(other, item.name))
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

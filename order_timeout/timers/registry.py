@@ -1,0 +1,135 @@
+"""Which timers there are: the app's own two kinds, and those a shop declared.
+
+A shop declares its timers from outside its models, as it registers admins::
+
+    @timers.register(StockReservation)
+    class ReservationLapses(timers.Timer): ...
+
+in a ``timers.py`` of one of its apps (imported when Django starts, as
+``admin.py`` is) or anywhere that runs at start-up. The order close and the
+reminders are declared here, the same way, on ``ORDER_MODEL``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured
+from django.db import models
+
+from ..conf import settings
+from .closes import OrderTimeout
+from .kind import Timer
+from .reminders import Reminders
+
+T = TypeVar("T", bound=type[Timer])
+
+# A name goes into Redis keys ({prefix}:<name>:pending) and into dead letters.
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+RESERVED = ("", "remind")
+
+ORDER_TIMEOUT = OrderTimeout()
+REMINDERS = Reminders()
+
+
+class AlreadyRegistered(ImproperlyConfigured):
+    pass
+
+
+class TimerRegistry:
+    def __init__(self) -> None:
+        self._declared: dict[str, Timer] = {}
+
+    def register(self, model: type[models.Model], timer_class: type[Timer] | None = None) -> Any:
+        """Declare ``timer_class`` for ``model``; with no class, a decorator (``@register(Model)``)."""
+        if timer_class is None:
+            def decorate(cls: T) -> T:
+                self.register(model, cls)
+                return cls
+
+            return decorate
+        timer = _declared(model, timer_class)
+        if timer.name in self._declared:
+            raise AlreadyRegistered(f"A timer named {timer.name!r} is registered already "
+                                    f"({self._declared[timer.name]!r}); give this one another name.")
+        self._declared[timer.name] = timer
+        from .following import follow_model
+
+        follow_model(timer)
+        return timer_class
+
+    def unregister(self, name: str) -> None:
+        timer = self._declared.pop(name)
+        from .following import unfollow_model
+
+        unfollow_model(timer)
+
+    def declared(self) -> list[Timer]:
+        """The timers shops declared, in the order they were."""
+        return list(self._declared.values())
+
+    def kinds(self) -> list[Timer]:
+        """Every kind a consumer serves: the order close, the reminders when REMINDERS asks for
+        any, then every declared timer."""
+        return [ORDER_TIMEOUT, *([REMINDERS] if settings.REMINDERS else []), *self._declared.values()]
+
+    def of_model(self, model: type[models.Model]) -> list[Timer]:
+        return [timer for timer in self._declared.values() if timer.model is model]
+
+    def get(self, name: str) -> Timer:
+        """The kind named ``name`` ("" is the order close); ``LookupError`` if there is none."""
+        if name == ORDER_TIMEOUT.name:
+            return ORDER_TIMEOUT
+        if name == REMINDERS.name:
+            return REMINDERS
+        try:
+            return self._declared[name]
+        except KeyError:
+            raise LookupError(f"no timer named {name!r} is registered") from None
+
+
+def _declared(model: type[models.Model], timer_class: type[Timer]) -> Timer:
+    """An instance of ``timer_class`` for ``model``, its declaration checked; ImproperlyConfigured
+    naming the class and the attribute otherwise."""
+    where = f"{timer_class.__module__}.{timer_class.__qualname__}"
+    if not (isinstance(timer_class, type) and issubclass(timer_class, Timer)):
+        raise ImproperlyConfigured(f"{where} must subclass order_timeout.timers.Timer.")
+    if not (isinstance(model, type) and issubclass(model, models.Model)) or model._meta.abstract:
+        raise ImproperlyConfigured(f"{where} is registered for {model!r}, which is not a concrete model.")
+    owner = timer_class.__dict__.get("model")
+    if owner is not None and owner is not model:
+        raise ImproperlyConfigured(f"{where} is registered for {owner._meta.label} already.")
+    name = timer_class.name or f"{model._meta.label_lower}.{timer_class.deadline or 'deadline'}"
+    if not isinstance(name, str) or not _NAME_RE.match(name) or name in RESERVED:
+        raise ImproperlyConfigured(f"{where}.name must be 1 to 64 letters, digits and _ . - (not 'remind'), "
+                                   f"got {name!r}.")
+    if timer_class.deadline is not None:
+        try:
+            field = model._meta.get_field(timer_class.deadline)
+        except FieldDoesNotExist:
+            raise ImproperlyConfigured(f"{where}.deadline is {timer_class.deadline!r}, which is not a field of "
+                                       f"{model._meta.label}.") from None
+        if not isinstance(field, models.DateTimeField):
+            raise ImproperlyConfigured(f"{where}.deadline names {model._meta.label}.{field.name}, which is not a "
+                                       "DateTimeField.")
+    if not isinstance(timer_class.pending, models.Q) or timer_class.pending == models.Q():
+        raise ImproperlyConfigured(f"{where}.pending must be a Q the row still meets when it is to be acted on "
+                                   "(what the act changes must make it false, or rows would be acted on again).")
+    for field_name in timer_class.values:
+        try:
+            model._meta.get_field(field_name)
+        except FieldDoesNotExist:
+            raise ImproperlyConfigured(f"{where}.values names {field_name!r}, which is not a field of "
+                                       f"{model._meta.label}.") from None
+    if not timer_class.values and timer_class.fire is Timer.fire:
+        raise ImproperlyConfigured(f"{where} declares neither values (an UPDATE) nor fire() (a receiver): "
+                                   "it would do nothing at its deadline.")
+    timer_class.model = model
+    timer_class.name = name
+    return timer_class()
+
+
+registry = TimerRegistry()
+register: Callable[..., Any] = registry.register

@@ -1,0 +1,205 @@
+"""The reminders: ``deadline_approaching`` once per reminder of each unpaid order, before its deadline.
+
+A kind whose key is ``(pk, lead_ms)``: one member per reminder of an order
+(``codec.reminder_member``), due ``lead_ms`` before the order's deadline, on a
+queue of its own (``{prefix}:remind:...``). What it says beyond the close:
+a reminder is recorded (``models.Reminder``) in the transaction that sends
+it, so a retried, taken-over or raced one finds its record; one whose order
+is held at its moment is recorded as passed over, not sent; none is sent
+after the deadline; giving up records it failed (no dead letter: staff need
+not send a late reminder).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any
+
+from django.db import router, transaction
+from django.db.models import Q
+
+from .. import get_order_model
+from ..codec import deadline_score, parse_reminder, reminder_member
+from ..conf import settings
+from ..keys import REMIND
+from ..models import Reminder
+from ..rowlock import LockedOrders, lock_orders
+from ..signals import deadline_approaching
+from .acting import run_receiver
+from .kind import Due, Timer
+from .outcome import Key, Outcome
+
+
+@dataclass
+class Given:
+    """What giving up on reminders did (``giving_up.Burial``'s shape)."""
+
+    buried: list[Key] = field(default_factory=list)
+    settled: list[Key] = field(default_factory=list)
+    missing: list[Key] = field(default_factory=list)
+
+
+class Reminders(Timer):
+    name = "remind"
+    queue_name = REMIND
+    log_extra = "reminders"
+    log_name = "reminders"
+    metric_family = "reminders"
+    labels = {"acted": "sent", "settled": "done", "passed": "held", "given_up": "given_up"}
+    # Labels of order_timeout_reminders_total{outcome} (unchanged since 0.2).
+    metric_labels = {"acted": "sent", "settled": "done", "passed": "held", "not_due": "rescheduled",
+                     "busy": "busy", "failed": "failed", "given_up": "given_up", "dropped": "dropped",
+                     "abandoned": "abandoned"}
+
+    def __init__(self, model: Any = None) -> None:
+        # None: ORDER_MODEL, read each time (a test or a shop may point it elsewhere).
+        self._model = model
+        super().__init__()
+
+    @property
+    def model(self) -> Any:  # type: ignore[override]
+        return self._model or get_order_model()
+
+    @property
+    def pending(self) -> Q:  # type: ignore[override]
+        return self.model.unpaid_q()
+
+    @property
+    def label(self) -> str:
+        return "reminders"
+
+    @property
+    def doing(self) -> str:
+        return "sending reminders"
+
+    failure_noun = "reminder"
+    give_up_verb = "given up"
+    give_up_next = "give-up"
+    give_up_record = "failed reminder record(s)"
+
+    def describe(self, key: Key) -> str:
+        return f"order={key[0]} seconds_left={key[1] / 1000:g}"
+
+    def member(self, key: Key) -> str:
+        return reminder_member(self.model, key[0], key[1])
+
+    def parse(self, member: str) -> Key:
+        return parse_reminder(self.model, member)
+
+    def row_of(self, key: Key) -> Any:
+        return key[0]
+
+    def follow(self, row: Any) -> tuple[dict[str, int], list[str]]:
+        """One member per reminder: due its lead before the deadline of an order awaiting payment."""
+        leads = settings.reminders()
+        members = [reminder_member(self.model, row.pk, lead) for lead in leads]
+        if not row.awaits_payment:
+            return {}, members
+        score = deadline_score(row.expires_at)
+        return {member: score - lead for member, lead in zip(members, leads, strict=True)}, []
+
+    def hold_condition(self) -> Q | None:
+        return settings.hold_condition()
+
+    def lock(self, manager: Any, pks: Any) -> LockedOrders:
+        locked = lock_orders(manager, list(dict.fromkeys(pks)), hold=self.hold_condition())
+        locked.deadlines = {pk: order.expires_at for pk, order in locked.rows.items()}
+        return locked
+
+    def judge(self, keys: Sequence[Key], locked: LockedOrders, outcome: Outcome) -> list[Due]:
+        """Due: the order is unpaid, its deadline still ahead, the reminder's moment (deadline
+        minus its lead) has come, and it is not recorded for this deadline yet. One held at
+        its moment is due too, to be recorded as passed over."""
+        now = outcome.db_now = locked.db_now
+        recorded = set(Reminder.objects.using(self.using).filter(
+            order_model=self.model._meta.label, order_id__in=[str(pk) for pk in locked.rows],
+            lead_ms__in={lead for _pk, lead in keys}).values_list("order_id", "lead_ms", "deadline"))
+        due: list[Due] = []
+        for key in keys:
+            pk, lead = key
+            order = locked.rows.get(pk)
+            if pk in locked.busy:
+                outcome.busy.append(key)
+            elif order is None:
+                outcome.missing.append(key)
+            elif now is None or not order.awaits_payment or order.expires_at <= now:
+                outcome.settled.append(key)  # paid, closed, no deadline, or too late: never after it
+            elif (str(pk), lead, order.expires_at) in recorded:
+                outcome.settled.append(key)
+            elif order.expires_at - timedelta(milliseconds=lead) > now:
+                outcome.not_due[key] = order.expires_at - timedelta(milliseconds=lead)
+            else:
+                if pk in locked.held:
+                    outcome.passed.append(key)
+                else:
+                    outcome.moments[key] = order.expires_at - timedelta(milliseconds=lead)
+                due.append((key, order))
+        return due
+
+    def act(self, due: list[Due], now: datetime, progress: Any = None) -> None:
+        """Record the reminders (one INSERT), then send the ones whose order is not held."""
+        # The locking SELECT marked the held orders (its hold subquery): passed over, recorded so.
+        held = {key for key, order in due if getattr(order, "_timeout_held", False)}
+        _record(self.model, self.using, [(key, order.expires_at) for key, order in due], now, held=held)
+        model = self.model
+        for key, order in due:
+            if key in held:
+                continue
+            run_receiver(key, self.using, partial(deadline_approaching.send, sender=model, order=order,
+                                                  seconds_left=key[1] / 1000))
+            if progress is not None:
+                progress()
+
+    def give_up(self, failures: Sequence[Any], now: datetime) -> Given:
+        """Record them failed, so they are not sent later."""
+        keys = [failure.key for failure in failures]
+        model = self.model
+        deadlines = dict(model._base_manager.filter(pk__in=[pk for pk, _lead in keys])
+                         .exclude(expires_at=None).values_list("pk", "expires_at"))
+        using = router.db_for_write(model)
+        reminders = [(key, deadlines[key[0]]) for key in keys if key[0] in deadlines]
+        with transaction.atomic(using=using):
+            existing = set(Reminder.objects.using(using).filter(
+                order_model=model._meta.label, order_id__in=[str(pk) for (pk, _lead), _ in reminders],
+            ).values_list("order_id", "lead_ms", "deadline"))
+            Reminder.objects.using(using).bulk_create([
+                Reminder(order_model=model._meta.label, order_id=str(pk), lead_ms=lead, deadline=deadline,
+                         outcome=Reminder.Outcome.FAILED, at=now)
+                for (pk, lead), deadline in reminders if (str(pk), lead, deadline) not in existing])
+        return Given(buried=keys)
+
+    # -- what the scan walks: reminders of orders whose deadline is still ahead ---------------
+
+    def overdue(self, before: datetime, chunk: int) -> Iterator[list[tuple[Any, datetime]]]:
+        return iter(())  # past its deadline a reminder is moot; the close scan closes the order
+
+    def upcoming(self, after: datetime, until: datetime | None, chunk: int) -> Iterator[list[tuple[Any, datetime]]]:
+        # Reminders fall due before their deadlines: look that much further ahead for them.
+        reach = None if until is None else until + timedelta(milliseconds=max(settings.reminders(), default=0))
+        return super().upcoming(after, reach, chunk)
+
+    def scores(self, rows: Sequence[tuple[Any, datetime]]) -> dict[str, int]:
+        """The reminders of these orders not sent (nor passed over) for their deadline yet, due
+        at their moment, which may be past already: then at once (the consumer looks again, and
+        never sends one after its deadline)."""
+        leads = settings.reminders()
+        if not leads:
+            return {}
+        done = set(Reminder.objects.filter(
+            order_model=self.model._meta.label, order_id__in=[str(pk) for pk, _ in rows],
+        ).values_list("order_id", "lead_ms", "deadline"))
+        return {reminder_member(self.model, pk, lead): deadline_score(expires_at) - lead
+                for pk, expires_at in rows for lead in leads
+                if (str(pk), lead, expires_at) not in done}
+
+
+def _record(model: Any, using: str, reminders: list[tuple[Key, datetime]], now: datetime, *,
+            held: set[Key]) -> None:
+    """One INSERT: each reminder done for its deadline (sent, or passed over), whoever looks again."""
+    Reminder.objects.using(using).bulk_create([
+        Reminder(order_model=model._meta.label, order_id=str(pk), lead_ms=lead, deadline=deadline,
+                 outcome=Reminder.Outcome.HELD if (pk, lead) in held else Reminder.Outcome.SENT, at=now)
+        for (pk, lead), deadline in reminders])

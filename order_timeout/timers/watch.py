@@ -1,0 +1,49 @@
+"""The watch over the batch in hand: its database session limited, its leases kept or given up.
+
+Around every act of a consumer (whatever the kind): the session the act runs
+on is limited to ``LEASE_SECONDS`` (once per connection; behind a transaction
+pooler, per transaction), and under ``run()`` the lease guard renews the
+batch's leases while it works and gives it up when it overruns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.db import connections
+
+from ..dbsession import limit_session, session_id
+from ..leaseguard import LeaseGuard, WatchedBatch
+from ..queue import Claim, TimeoutQueue
+
+
+class BatchWatch:
+    def __init__(self, lease_seconds: float) -> None:
+        self.lease_seconds = lease_seconds
+        # Set by the consumer while it runs (no guard outside ``run()``: a test's single batch).
+        self.guard: LeaseGuard | None = None
+        self._limited: dict[str, Any] = {}
+
+    @contextmanager
+    def watching(self, claim: Claim, queue: TimeoutQueue, using: str) -> Iterator[WatchedBatch | None]:
+        connection = connections[using]
+        connection.ensure_connection()
+        if connection.connection is not self._limited.get(using):
+            limit_session(connection, self.lease_seconds)
+            self._limited[using] = connection.connection
+        if self.guard is None:
+            yield None
+            return
+        batch: WatchedBatch | None = None
+        try:
+            with self.guard.watching(claim.token, claim.members, session_id(connection), using,
+                                     queue=queue) as batch:
+                yield batch
+        finally:
+            # The guard let go of it above: given_up is final. A session given up is being
+            # ended (by the guard; behind a transaction pooler, by the server's limits):
+            # what follows (dead letters, the next batch) needs a new one.
+            if batch is not None and batch.given_up.is_set():
+                connection.close()
