@@ -18,9 +18,9 @@ from django.utils import timezone
 from django_redis import get_redis_connection
 
 from order_timeout import schedule
-from order_timeout.codec import now_score
 from order_timeout.models import Order
 from order_timeout.queue import SCHEDULE_SLICE, TimeoutQueue
+from order_timeout.timers.members import now_score
 
 from .ownership import keep_mark
 from .recorder import read_commits

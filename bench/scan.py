@@ -1,7 +1,7 @@
 """``python -m bench.scan [--rows N] [--out DIR]``: the keyset walk's cost, chunk by chunk, on a large table.
 
 The compensation scan and the drift count walk every unpaid row in
-``(expires_at, pk)`` order (``order_timeout/keyset.py``). A walk whose chunk
+``(expires_at, pk)`` order (``order_timeout/db/walk.py``). A walk whose chunk
 query gives the planner no start on the ``(status, expires_at)`` index costs
 more with every chunk; this measures the first, middle and last chunks of both
 walks over ``--rows`` unpaid orders, with the walk as it is ("after") and with
@@ -101,7 +101,7 @@ class Measured:
 
 def walkers() -> list[ModuleType]:
     """The app's modules that walk with ``keyset.rows_by_deadline`` (each imported it by name)."""
-    from order_timeout import keyset
+    from order_timeout.db import walk as keyset
 
     return [module for name, module in list(sys.modules.items())
             if name.startswith("order_timeout") and module is not keyset
@@ -194,9 +194,9 @@ def insert_orders(rows: int, first_deadline: datetime, per_deadline: int) -> Non
 
 def schedule_all() -> None:
     """Every order's member in Redis at its deadline: a healthy queue, so the drift count finds none."""
-    from order_timeout.codec import deadline_score, order_member
     from order_timeout.models import Order
     from order_timeout.queue import TimeoutQueue
+    from order_timeout.timers.members import deadline_score, order_member
 
     queue = TimeoutQueue.from_settings()
     batch: dict[str, int] = {}
@@ -214,7 +214,7 @@ def schedule_all() -> None:
 
 def scan_walk(walk: Walk, name: str, chunk: int) -> Measured:
     """The close scan as it runs (a dry run, so the rows stay for the next walk)."""
-    from order_timeout import compensation
+    from order_timeout.scans import compensation
 
     measured = Measured("compensation scan", name, [])
     with timing(walk, measured):
@@ -227,7 +227,7 @@ def drift_walk(walk: Walk, name: str, chunk: int) -> Measured:
     from django.conf import settings
     from django.test import override_settings
 
-    from order_timeout import health
+    from order_timeout.reporting import health
     from order_timeout.models import Order
     from order_timeout.queue import TimeoutQueue
 
@@ -240,7 +240,7 @@ def drift_walk(walk: Walk, name: str, chunk: int) -> Measured:
 
 
 def measure(rows: int, chunk: int, per_deadline: int) -> list[Measured]:
-    from order_timeout.keyset import rows_by_deadline
+    from order_timeout.db.walk import rows_by_deadline
 
     empty_tables()
     began = time.perf_counter()

@@ -21,8 +21,8 @@ from django.db import transaction
 from django_redis import get_redis_connection
 
 from order_timeout import schedule
-from order_timeout.codec import deadline_score
 from order_timeout.models import Order
+from order_timeout.timers.members import deadline_score
 
 from .baselines import SEED_KEY
 

@@ -13,10 +13,10 @@ from django.db.models.signals import post_save
 from django.utils import timezone
 from django_redis import get_redis_connection
 
-from order_timeout.codec import now_score
 from order_timeout.models import Order
 from order_timeout.queue import TimeoutQueue
 from order_timeout.scheduling import order_saved
+from order_timeout.timers.members import now_score
 
 from .measure import ClientCommands, Counters, redis_memory, rss_bytes, summary
 from .ownership import keep_mark

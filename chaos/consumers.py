@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from order_timeout.stuck import EXIT_STUCK
+from order_timeout.timers.watchdog import EXIT_STUCK
 
 from .processes import is_stopped, spawn
 

@@ -25,7 +25,7 @@ from django.utils import timezone
 from order_timeout import get_order_model
 from order_timeout.exceptions import QueueUnavailable
 from order_timeout.models import DeadLetter, Reminder
-from order_timeout.stuck import EXIT_STUCK
+from order_timeout.timers.watchdog import EXIT_STUCK
 from testproject.shop.models import ReminderEmail
 
 from . import invariants, orders, queueview

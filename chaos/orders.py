@@ -30,7 +30,7 @@ from django.utils import timezone
 
 import order_timeout
 from order_timeout import get_order_model
-from order_timeout.dberrors import is_lock_conflict
+from order_timeout.db.errors import is_lock_conflict
 from order_timeout.exceptions import OrderClosed
 from testproject.shop.models import PaymentState
 

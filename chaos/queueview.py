@@ -15,9 +15,9 @@ from typing import Any
 from django.utils import timezone
 
 from order_timeout import get_order_model
-from order_timeout.codec import deadline_score, now_score, order_member, reminder_member
-from order_timeout.keys import CLOSE, REMIND
 from order_timeout.queue import TimeoutQueue
+from order_timeout.queue.keys import CLOSE, REMIND
+from order_timeout.timers.members import deadline_score, now_score, order_member, reminder_member
 
 
 def _queue(kind: str = CLOSE) -> TimeoutQueue:

@@ -14,9 +14,10 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _, ngettext
 
-from . import get_order_model, overview
+from . import get_order_model
 from .exceptions import QueueUnavailable
 from .models import DeadLetter, Deadline, Order, Reminder, TimeoutOverview
+from .reporting import overview
 from .timers import staff
 
 

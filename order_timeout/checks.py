@@ -101,7 +101,7 @@ def check_order_model(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
 @checks.register(checks.Tags.models, TAG)
 def check_hold_condition(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """HOLD_CONDITION must compile against the order model: a mistake here would fail every due order."""
-    from .rowlock import validate_hold_condition
+    from .db.locks import validate_hold_condition
 
     try:
         model = get_order_model()
@@ -335,7 +335,7 @@ class _ServerFacts:
 
     def _scripts_version(self, queue: Any) -> str | None:
         """The version as a script sees it: exact on Redis 7 and later, unknown before."""
-        from .server import version_num, version_text
+        from .queue.probes import version_num, version_text
 
         number = version_num(queue.client, queue.shards[0].keys.probe)
         return version_text(number) if number else None
@@ -411,7 +411,7 @@ def check_redis_permissions(app_configs: Any = None, **kwargs: Any) -> list[chec
     """``manage.py check --deploy``: every command the app sends, tried as the queue's Redis user."""
     from .exceptions import QueueUnavailable
     from .queue import TimeoutQueue, redis_errors
-    from .server import refused_commands
+    from .queue.probes import refused_commands
 
     try:
         with redis_errors("answer"):

@@ -23,25 +23,25 @@ from datetime import datetime, timedelta
 
 from django.db import Error as DatabaseError, close_old_connections, router
 
-from .codec import now_score
 from .conf import MAX_BATCH_SIZE, settings
+from .db.locks import validate_hold_condition
 from .exceptions import QueueUnavailable
-from .leaseguard import LeaseGuard, WatchedBatch
-from .metrics import ConsumerMetrics
 from .models import TimeoutOrderMixin
 from .queue import Claim, Lanes, TimeoutQueue
-from .rota import ShardRota
-from .rowlock import validate_hold_condition
-from .stuck import exit_stuck
+from .queue.lanes import ShardRota
+from .queue.wakeups import WakeListener
+from .reporting.metrics import ConsumerMetrics
 from .timers.clock import DatabaseClock
 from .timers.closes import OrderTimeout
 from .timers.kind import Timer
+from .timers.leases import LeaseGuard, WatchedBatch
 from .timers.lifecycle import Lifecycle
+from .timers.members import now_score
 from .timers.outcome import Report
 from .timers.registry import ORDER_TIMEOUT, REMINDERS, registry
 from .timers.reminders import Reminders
 from .timers.watch import BatchWatch
-from .wakeups import WakeListener
+from .timers.watchdog import exit_stuck
 
 logger = logging.getLogger("order_timeout")
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from celery import shared_task
 
-from .compensation import compensate as run_compensation
+from .scans.compensation import compensate as run_compensation
 
 
 @shared_task(name="order_timeout.tasks.compensate")

@@ -17,7 +17,7 @@ import hmac
 from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 
 from .conf import settings
-from .metrics import AVAILABLE, backlog_registry
+from .reporting.metrics import AVAILABLE, backlog_registry
 
 # The permission of the admin's "Order timeouts" page: who may see the figures there may read them here.
 METRICS_PERMISSION = "order_timeout.view_timeoutoverview"

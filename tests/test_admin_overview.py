@@ -16,7 +16,7 @@ from django.test import Client
 from django.urls import reverse
 
 from order_timeout.models import DeadLetter
-from order_timeout.overview import MinuteOfCloses, _quantile, lateness_svg
+from order_timeout.reporting.overview import MinuteOfCloses, _quantile, lateness_svg
 
 from .conftest import PROJECT_ROOT
 

@@ -18,8 +18,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from order_timeout import aschedule, aunschedule
-from order_timeout.codec import deadline_score
 from order_timeout.exceptions import OrderClosed
+from order_timeout.timers.members import deadline_score
 
 from .conftest import both_models
 from .helpers import pending_count, score_of, set_state, state

@@ -24,9 +24,9 @@ from redis.exceptions import ConnectionError
 
 from order_timeout import schedule
 from order_timeout.checks import check_redis_permissions
-from order_timeout.codec import deadline_score
 from order_timeout.models import Order
 from order_timeout.queue import TimeoutQueue
+from order_timeout.timers.members import deadline_score
 from testproject.shop.models import Expiry
 
 from .conftest import free_port, wait_for

@@ -13,11 +13,11 @@ from datetime import timedelta
 import pytest
 from django.core.management import call_command
 
-from order_timeout.codec import deadline_score, now_score
-from order_timeout.compensation import compensate
 from order_timeout.models import DeadLetter, Order
+from order_timeout.scans.compensation import compensate
 from order_timeout.signals import order_expired
-from order_timeout.stuck import EXIT_STUCK
+from order_timeout.timers.members import deadline_score, now_score
+from order_timeout.timers.watchdog import EXIT_STUCK
 from testproject.shop.models import Expiry
 
 from .conftest import PROJECT_ROOT, both_redis, database_url

@@ -17,13 +17,13 @@ from django.utils import timezone
 from redis import Redis
 
 from order_timeout import schedule
-from order_timeout.codec import deadline_score, now_score
 from order_timeout.conf import settings as order_settings
 from order_timeout.consumer import Consumer
 from order_timeout.exceptions import OrderClosed
 from order_timeout.models import Order
 from order_timeout.queue import TimeoutQueue
 from order_timeout.signals import orders_expired
+from order_timeout.timers.members import deadline_score, now_score
 from testproject.shop.models import Expiry, Purchase
 
 from .conftest import Clock, both_models, both_redis, finish, running, wait_for

@@ -13,11 +13,11 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
-from order_timeout.codec import deadline_score
-from order_timeout.compensation import compensate
 from order_timeout.conf import settings as order_settings
-from order_timeout.health import measure
 from order_timeout.models import Order
+from order_timeout.reporting.health import measure
+from order_timeout.scans.compensation import compensate
+from order_timeout.timers.members import deadline_score
 from testproject.shop.models import ShopOrder
 
 from .helpers import score_of, state

@@ -26,13 +26,13 @@ from django.urls import reverse
 from django.utils import timezone
 
 from order_timeout.checks import check_status_declarations
-from order_timeout.codec import deadline_score
-from order_timeout.compensation import compensate
 from order_timeout.consumer import Consumer
 from order_timeout.exceptions import OrderClosed, StaleOrderStatus
-from order_timeout.health import measure
 from order_timeout.models import DeadLetter, TimeoutOrderMixin
+from order_timeout.reporting.health import measure
+from order_timeout.scans.compensation import compensate
 from order_timeout.signals import order_expired
+from order_timeout.timers.members import deadline_score
 from testproject.shop.models import Line, OrderStatusChange, ShopOrder, StockRecord
 
 from .conftest import running, wait_for

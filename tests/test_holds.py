@@ -16,11 +16,11 @@ from django.db.models import Q
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from order_timeout.codec import now_score
-from order_timeout.compensation import compensate
 from order_timeout.conf import settings as order_settings
-from order_timeout.health import measure
 from order_timeout.models import Order
+from order_timeout.reporting.health import measure
+from order_timeout.scans.compensation import compensate
+from order_timeout.timers.members import now_score
 from testproject.shop.models import OrderPayment, Payment, PaymentState, ShopOrder
 
 from .conftest import both_models

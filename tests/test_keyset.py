@@ -15,9 +15,9 @@ from django.test.utils import CaptureQueriesContext
 from sqlparse.sql import Comparison
 from sqlparse.tokens import Comparison as ComparisonOperator
 
-from order_timeout.compensation import compensate
-from order_timeout.health import count_drift
-from order_timeout.keyset import rows_by_deadline
+from order_timeout.db.walk import rows_by_deadline
+from order_timeout.reporting.health import count_drift
+from order_timeout.scans.compensation import compensate
 
 from .conftest import both_models
 from .helpers import lose_redis_data

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from order_timeout.codec import now_score
-from order_timeout.leaseguard import LeaseGuard
+from order_timeout.timers.leases import LeaseGuard
+from order_timeout.timers.members import now_score
 
 from .conftest import wait_for
 from .helpers import claim_everywhere

@@ -14,17 +14,17 @@ from django.db import DatabaseError, OperationalError, connection, connections, 
 from django.utils import timezone
 
 from order_timeout import unschedule
-from order_timeout.codec import now_score
-from order_timeout.compensation import compensate
 from order_timeout.conf import settings as order_settings
 from order_timeout.consumer import Consumer
-from order_timeout.dbsession import end_session, limit_session, session_id
+from order_timeout.db.session import end_session, limit_session, session_id
 from order_timeout.exceptions import OrderClosed
-from order_timeout.leaseguard import LeaseGuard
 from order_timeout.models import DeadLetter, Order
+from order_timeout.scans.compensation import compensate
 from order_timeout.scheduling import order_kinds
-from order_timeout.stuck import EXIT_STUCK
+from order_timeout.timers.leases import LeaseGuard
+from order_timeout.timers.members import now_score
 from order_timeout.timers.staff import close_now
+from order_timeout.timers.watchdog import EXIT_STUCK
 
 from .conftest import both_models, finish, running, wait_for
 from .helpers import (

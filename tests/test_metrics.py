@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry
 
 from order_timeout.conf import settings as order_settings
 from order_timeout.consumer import Consumer
-from order_timeout.metrics import ConsumerMetrics
 from order_timeout.models import DeadLetter
+from order_timeout.reporting.metrics import ConsumerMetrics
 from order_timeout.signals import order_expired
 
 from .conftest import free_port, wait_for
@@ -26,8 +26,8 @@ def test_a_consumer_counts_its_closes_by_outcome_and_their_lateness(make_order, 
     orders = [make_order(in_seconds=-2) for _ in range(4)]
     paid = make_order(in_seconds=-2)
     paid.mark_paid()  # its ZREM lost: the consumer finds the row paid
-    from order_timeout.codec import deadline_score
     from order_timeout.queue import TimeoutQueue
+    from order_timeout.timers.members import deadline_score
 
     TimeoutQueue.from_settings().schedule({str(paid.pk): deadline_score(paid.expires_at)})
 
@@ -130,7 +130,7 @@ def test_the_view_answers_inside_a_project_with_atomic_requests(monitor, make_or
 
 
 def test_the_view_reports_the_drift_the_last_beat_run_found(monitor, make_order, queue):
-    from order_timeout.compensation import compensate
+    from order_timeout.scans.compensation import compensate
 
     order = make_order(in_seconds=60)
     queue.unschedule([str(order.pk)])

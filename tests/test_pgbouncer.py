@@ -38,10 +38,9 @@ from django.utils import timezone
 
 from order_timeout import schedule, unschedule
 from order_timeout.checks import check_database_pooling
-from order_timeout.compensation import compensate
 from order_timeout.conf import settings as order_settings
 from order_timeout.consumer import Consumer
-from order_timeout.dbsession import (
+from order_timeout.db.session import (
     _transaction_limits,
     limit_session,
     limit_transaction,
@@ -49,9 +48,10 @@ from order_timeout.dbsession import (
     session_id,
 )
 from order_timeout.models import DeadLetter, Order
+from order_timeout.scans.compensation import compensate
 from order_timeout.signals import deadline_approaching
-from order_timeout.stuck import EXIT_STUCK
 from order_timeout.timers.staff import close_now
+from order_timeout.timers.watchdog import EXIT_STUCK
 from testproject.shop.models import Expiry
 
 from .conftest import free_port, time_left, wait_for

@@ -19,8 +19,8 @@ from django.db.models import Count
 from django.utils import timezone
 
 from order_timeout import schedule
-from order_timeout.codec import now_score
 from order_timeout.queue import MAX_SCORE
+from order_timeout.timers.members import now_score
 from testproject.shop.models import Expiry
 
 from .conftest import both_models, both_redis, wait_for
@@ -152,7 +152,7 @@ def test_two_consumer_processes_survive_poison_and_close_every_healthy_order(con
 
 @both_redis
 def test_an_overdue_order_whose_member_redis_scores_infinite_is_closed_by_the_scan(make_order, queue, clock):
-    from order_timeout.compensation import compensate
+    from order_timeout.scans.compensation import compensate
 
     order = make_order(in_seconds=-600)
     queue.client.zadd(queue.shard_for(str(order.pk)).keys.pending, {str(order.pk): "+inf"})
@@ -164,8 +164,8 @@ def test_an_overdue_order_whose_member_redis_scores_infinite_is_closed_by_the_sc
 
 @both_redis
 def test_the_rebuild_gives_a_member_scored_infinite_its_rows_deadline_again(make_order, queue, clock):
-    from order_timeout.codec import deadline_score
-    from order_timeout.compensation import compensate
+    from order_timeout.scans.compensation import compensate
+    from order_timeout.timers.members import deadline_score
 
     order = make_order(in_seconds=600)
     queue.client.zadd(queue.shard_for(str(order.pk)).keys.pending, {str(order.pk): "+inf"})

@@ -25,7 +25,7 @@ from order_timeout.checks import (
     username_messages,
 )
 from order_timeout.consumer import Consumer
-from order_timeout.health import measure
+from order_timeout.reporting.health import measure
 
 from .conftest import PrivateRedis, free_port, running, wait_for
 from .helpers import pending_count, state

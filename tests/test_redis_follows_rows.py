@@ -12,12 +12,12 @@ from django.db import connection, transaction
 from django.utils import timezone
 from hypothesis import HealthCheck, example, given, settings as hypothesis_settings, strategies as st
 
-from order_timeout.codec import deadline_score, order_member
 from order_timeout.conf import settings as order_settings
 from order_timeout.consumer import Consumer
 from order_timeout.exceptions import OrderClosed, StaleOrderStatus
 from order_timeout.models import Order
 from order_timeout.queue import TimeoutQueue
+from order_timeout.timers.members import deadline_score, order_member
 from testproject.shop.models import SoftDeleteOrder, UuidOrder
 
 from .conftest import finish, wait_for

@@ -14,13 +14,13 @@ import pytest
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from order_timeout.codec import deadline_score, reminder_member
-from order_timeout.compensation import compensate
 from order_timeout.consumer import Consumer
-from order_timeout.health import measure
-from order_timeout.keys import REMIND
 from order_timeout.models import Order, Reminder
+from order_timeout.queue.keys import REMIND
+from order_timeout.reporting.health import measure
+from order_timeout.scans.compensation import compensate
 from order_timeout.signals import deadline_approaching
+from order_timeout.timers.members import deadline_score, reminder_member
 from testproject.shop.models import OrderPayment, Payment, ReminderEmail, ShopOrder
 
 from .conftest import both_models, running, wait_for

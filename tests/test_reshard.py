@@ -7,8 +7,8 @@ import io
 import pytest
 from django.core.management import CommandError, call_command
 
-from order_timeout.codec import deadline_score, now_score
 from order_timeout.queue import TimeoutQueue
+from order_timeout.timers.members import deadline_score, now_score
 
 from .conftest import both_redis
 from .helpers import leased_members, pending_count, score_of

@@ -11,9 +11,9 @@ from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 from django.utils import timezone
 
-from order_timeout.codec import now_score
 from order_timeout.models import DeadLetter, Order
 from order_timeout.signals import order_expired
+from order_timeout.timers.members import now_score
 from testproject.shop.models import Expiry
 
 from .helpers import hash_size, keys_for, leased_members, pending_count, rename_table, score_of, set_state
@@ -374,7 +374,7 @@ def test_a_dead_letter_is_written_for_the_unpaid_orders_of_a_failure_only(make_o
 
 def test_the_scan_buries_no_order_paid_since_it_read_the_row(make_order, queue, settings):
     """A scan whose earlier runs died with this order buries it, unless it was paid meanwhile."""
-    from order_timeout.compensation import CompensationScan
+    from order_timeout.scans.compensation import CompensationScan
 
     order = make_order(in_seconds=-600)
     member = str(order.pk)

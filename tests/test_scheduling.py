@@ -11,10 +11,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from order_timeout import schedule, unschedule
-from order_timeout.codec import deadline_score
 from order_timeout.consumer import Consumer
 from order_timeout.exceptions import OrderClosed, StaleOrderStatus
 from order_timeout.models import Order
+from order_timeout.timers.members import deadline_score
 
 from .conftest import both_models, both_redis
 from .helpers import pending_count, score_of, set_state, state

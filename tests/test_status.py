@@ -12,9 +12,9 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from order_timeout.codec import now_score
 from order_timeout.consumer import Consumer
 from order_timeout.models import DeadLetter, Order
+from order_timeout.timers.members import now_score
 
 from .conftest import PROJECT_ROOT, both_models, both_redis, database_url, running, wait_for
 from .helpers import claim_everywhere, claim_next, keys_for, score_of
@@ -244,7 +244,7 @@ def test_a_row_locked_for_long_shows_in_the_oldest_busy_age_gauge(make_order, qu
 
 def backlog_gauge(name: str) -> float:
     """The value of a backlog gauge, summed over shards (max for ages), as Prometheus scrapes it."""
-    from order_timeout.metrics import backlog_registry
+    from order_timeout.reporting.metrics import backlog_registry
 
     samples = [sample.value for family in backlog_registry().collect() if family.name == name
                for sample in family.samples]

@@ -29,10 +29,10 @@ from django.db import Error as DatabaseError, OperationalError, connections, tra
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.transaction import TransactionManagementError
 
-from ..dberrors import is_lock_conflict
-from ..dbsession import limit_transaction
+from ..db.errors import is_lock_conflict
+from ..db.locks import StillConflicting, Stopped, retrying_lock_conflicts
+from ..db.session import limit_transaction
 from ..exceptions import ImmediateShutdown
-from ..rowlock import StillConflicting, Stopped, retrying_lock_conflicts
 from .outcome import Key, Outcome
 
 if TYPE_CHECKING:

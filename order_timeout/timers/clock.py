@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
-from ..dbsession import database_now
+from ..db.session import database_now
 
 # The database-minus-host clock offset is the largest of this many recent readings.
 CLOCK_SAMPLES = 20

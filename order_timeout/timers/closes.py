@@ -18,9 +18,9 @@ from django.db.models import Q
 
 from .. import get_order_model
 from ..conf import settings
-from ..keys import CLOSE
+from ..db.locks import LockedOrders, lock_orders
 from ..models import HOLD_EXPIRED_REASON, TIMEOUT_REASON
-from ..rowlock import LockedOrders, lock_orders
+from ..queue.keys import CLOSE
 from ..signals import order_expired, orders_expired
 from .acting import run_receiver
 from .kind import Due, Timer

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..keyset import rows_by_deadline
+from ..db.walk import rows_by_deadline
 
 if TYPE_CHECKING:
     from .kind import Timer

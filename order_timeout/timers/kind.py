@@ -33,10 +33,10 @@ from typing import Any, ClassVar
 from django.db import models, router
 from django.db.models import Q
 
-from ..codec import deadline_score, now_score, order_member, parse_member
 from ..conf import settings
-from ..rowlock import LockedOrders, lock_orders
+from ..db.locks import LockedOrders, lock_orders
 from .deadlines import ColumnDeadlines, DeadlineStore, OutsideDeadlines
+from .members import deadline_score, now_score, order_member, parse_member
 from .outcome import Key, Outcome
 
 # One key with its locked row, due now.

@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import Error as DatabaseError
 
-from ..codec import deadline_score, now_score
 from ..exceptions import RepeatedTakeover
 from ..queue import BUSY, HELD, Claim, TimeoutQueue
 from .acting import act_on
 from .giving_up import Burial, Failure
+from .members import deadline_score, now_score
 from .outcome import Key, Outcome, Report
 
 if TYPE_CHECKING:

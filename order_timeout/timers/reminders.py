@@ -22,14 +22,14 @@ from django.db import router, transaction
 from django.db.models import Q
 
 from .. import get_order_model
-from ..codec import deadline_score, parse_reminder, reminder_member
 from ..conf import settings
-from ..keys import REMIND
+from ..db.locks import LockedOrders, lock_orders
 from ..models import Reminder
-from ..rowlock import LockedOrders, lock_orders
+from ..queue.keys import REMIND
 from ..signals import deadline_approaching
 from .acting import run_receiver
 from .kind import Due, Timer
+from .members import deadline_score, parse_reminder, reminder_member
 from .outcome import Key, Outcome
 
 

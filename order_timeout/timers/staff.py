@@ -16,15 +16,15 @@ from typing import Any
 
 from django.db import transaction
 
-from ..codec import deadline_score
 from ..conf import settings
-from ..dbsession import limited_session
+from ..db.session import limited_session
 from ..exceptions import QueueUnavailable
 from ..models import DeadLetter
 from ..queue import TimeoutQueue
 from .acting import act_on
 from .giving_up import describe, letters_database
 from .kind import Timer
+from .members import deadline_score
 from .registry import registry
 
 # Dead letters one staff action locks and resolves per transaction: "select all" over

@@ -14,9 +14,9 @@ from typing import Any
 
 from django.db import connections
 
-from ..dbsession import limit_session, session_id
-from ..leaseguard import LeaseGuard, WatchedBatch
+from ..db.session import limit_session, session_id
 from ..queue import Claim, TimeoutQueue
+from .leases import LeaseGuard, WatchedBatch
 
 
 class BatchWatch:

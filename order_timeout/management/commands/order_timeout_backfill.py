@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from order_timeout.backfill import Backfill, BackfillPlan
 from order_timeout.exceptions import OrderTimeoutError
+from order_timeout.scans.backfill import Backfill, BackfillPlan
 
 from .run_timeout_consumer import seconds
 

@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from order_timeout.compensation import ScanResult, compensate
 from order_timeout.exceptions import OrderTimeoutError
+from order_timeout.scans.compensation import ScanResult, compensate
 
 BAR_WIDTH = 30
 

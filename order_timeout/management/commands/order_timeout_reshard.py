@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from order_timeout.conf import MAX_SHARDS, settings
 from order_timeout.exceptions import OrderTimeoutError
-from order_timeout.reshard import reshard
+from order_timeout.scans.reshard import reshard
 
 from .run_timeout_consumer import seconds
 

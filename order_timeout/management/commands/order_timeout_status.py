@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from order_timeout.exceptions import OrderTimeoutError
-from order_timeout.health import Health, measure
+from order_timeout.reporting.health import Health, measure
 
 # Exit status when a threshold is crossed (1 is any other error).
 THRESHOLD_CROSSED = 2

@@ -15,7 +15,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from order_timeout.conf import MAX_BATCH_SIZE
 from order_timeout.consumer import Consumer
 from order_timeout.exceptions import ImmediateShutdown, OrderTimeoutError
-from order_timeout.metrics import ConsumerMetrics
+from order_timeout.reporting.metrics import ConsumerMetrics
 
 # prometheus-client resolves the address (getaddrinfo): "" is no address on newer releases.
 ALL_INTERFACES = "0.0.0.0"

@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .codec import now_score
-from .conf import settings
-from .queue import SLICE, Shard, TimeoutQueue, redis_errors
+from ..conf import settings
+from ..queue import SLICE, Shard, TimeoutQueue, redis_errors
+from ..timers.members import now_score
 
 
 @dataclass

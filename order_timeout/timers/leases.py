@@ -29,10 +29,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from .dbsession import end_session
-from .exceptions import QueueUnavailable
-from .queue import TimeoutQueue
-from .stuck import stuck_after
+from ..db.session import end_session
+from ..exceptions import QueueUnavailable
+from ..queue import TimeoutQueue
+from .watchdog import stuck_after
 
 logger = logging.getLogger("order_timeout")
 

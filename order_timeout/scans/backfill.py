@@ -16,10 +16,10 @@ from django.db import models, router, transaction
 from django.db.models import F, Max, Min
 from django.utils import timezone
 
-from . import get_order_model
-from .conf import settings
-from .models import TimeoutOrderMixin
-from .scheduling import schedule
+from .. import get_order_model
+from ..conf import settings
+from ..models import TimeoutOrderMixin
+from ..scheduling import schedule
 
 
 @dataclass

@@ -19,7 +19,8 @@ from typing import Any
 
 from redis.exceptions import NoPermissionError, ResponseError
 
-from .queue import TimeoutQueue, load_script_source
+from .scripts import load_script_source
+from .shards import TimeoutQueue
 
 # Redis 7.0, as redis.REDIS_VERSION_NUM says it: sharded pub/sub (SPUBLISH, SSUBSCRIBE).
 SHARDED_PUBSUB = 0x070000

@@ -18,9 +18,9 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _, ngettext
 
-from . import get_order_model
+from .. import get_order_model
+from ..models import TIMEOUT_REASON, TimeoutOrderMixin
 from .health import Health, measure
-from .models import TIMEOUT_REASON, TimeoutOrderMixin
 
 # How far back the chart looks, and how many closes it reads at most.
 WINDOW = timedelta(hours=1)
@@ -49,8 +49,8 @@ class Overview:
 
 
 def overview(now: datetime | None = None, model: type[TimeoutOrderMixin] | None = None) -> Overview:
-    from .exceptions import OrderTimeoutError
-    from .queue import TimeoutQueue
+    from ..exceptions import OrderTimeoutError
+    from ..queue import TimeoutQueue
 
     now = now or timezone.now()
     model = model or get_order_model()

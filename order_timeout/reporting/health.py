@@ -14,15 +14,15 @@ from django.db import router
 from django.db.models import Q
 from django.utils import timezone
 
-from . import get_order_model
-from .codec import now_score
-from .conf import settings
-from .keys import REMIND
-from .models import DeadLetter, TimeoutOrderMixin
-from .queue import TimeoutQueue
-from .timers.closes import OrderTimeout
-from .timers.kind import Timer
-from .timers.registry import registry
+from .. import get_order_model
+from ..conf import settings
+from ..models import DeadLetter, TimeoutOrderMixin
+from ..queue import TimeoutQueue
+from ..queue.keys import REMIND
+from ..timers.closes import OrderTimeout
+from ..timers.kind import Timer
+from ..timers.members import now_score
+from ..timers.registry import registry
 
 
 @dataclass(frozen=True)

@@ -171,10 +171,10 @@ class BacklogCollector:
     def collect(self) -> Iterator[Any]:
         from django.db import close_old_connections
 
-        from .codec import now_score
-        from .exceptions import OrderTimeoutError
-        from .models import DeadLetter
-        from .queue import TimeoutQueue
+        from ..exceptions import OrderTimeoutError
+        from ..models import DeadLetter
+        from ..queue import TimeoutQueue
+        from ..timers.members import now_score
 
         now = timezone.now()
         if self.own_connections:
@@ -236,10 +236,10 @@ class BacklogCollector:
     @staticmethod
     def _timers(now: Any) -> Iterator[Any]:
         """Each declared timer's backlog, by timer and shard."""
-        from .codec import now_score
-        from .exceptions import OrderTimeoutError
-        from .queue import TimeoutQueue
-        from .timers.registry import registry
+        from ..exceptions import OrderTimeoutError
+        from ..queue import TimeoutQueue
+        from ..timers.members import now_score
+        from ..timers.registry import registry
 
         timers = registry.declared()
         if not timers:

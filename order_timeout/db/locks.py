@@ -21,9 +21,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router
 from django.db.models import Case, DateTimeField, Exists, OuterRef, Q, When
 
-from .conf import settings
-from .dberrors import is_lock_conflict
-from .dbsession import DatabaseNow, database_now
+from ..conf import settings
+from .errors import is_lock_conflict
+from .session import DatabaseNow, database_now
 
 logger = logging.getLogger("order_timeout")
 

@@ -22,20 +22,20 @@ from typing import Any
 
 from django.utils import timezone
 
-from .codec import now_score
-from .conf import settings
-from .dbsession import limited_session
-from .exceptions import QueueUnavailable, RepeatedTakeover
-from .models import DeadLetter, TimeoutOrderMixin
-from .queue import TimeoutQueue
-from .stuck import Watchdog, exit_stuck, stuck_after, watchdog
-from .timers.acting import act_on
-from .timers.closes import OrderTimeout
-from .timers.giving_up import Failure
-from .timers.kind import Timer
-from .timers.registry import ORDER_TIMEOUT, REMINDERS, registry
-from .timers.reminders import Reminders
-from .timers.staff import resolve_settled
+from ..conf import settings
+from ..db.session import limited_session
+from ..exceptions import QueueUnavailable, RepeatedTakeover
+from ..models import DeadLetter, TimeoutOrderMixin
+from ..queue import TimeoutQueue
+from ..timers.acting import act_on
+from ..timers.closes import OrderTimeout
+from ..timers.giving_up import Failure
+from ..timers.kind import Timer
+from ..timers.members import now_score
+from ..timers.registry import ORDER_TIMEOUT, REMINDERS, registry
+from ..timers.reminders import Reminders
+from ..timers.staff import resolve_settled
+from ..timers.watchdog import Watchdog, exit_stuck, stuck_after, watchdog
 
 logger = logging.getLogger("order_timeout")
 

@@ -28,7 +28,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from django.utils.connection import ConnectionProxy
 
-from .conf import settings
+from ..conf import settings
 
 logger = logging.getLogger("order_timeout")
 

@@ -1,9 +1,9 @@
-"""The Redis side of the queue: schedule, forget, claim, ack, reschedule, retry, renew.
+"""The Redis side of the queue: schedule, forget, claim, ack, reschedule, retry, renew, quarantine.
 
-Speaks only Redis: it takes members and scores (see ``codec``) and knows
-nothing of Django models. A queue is ``SHARDS`` shards (``Shard``), each with
-its own hash tag, so a Redis Cluster spreads them over its masters; a member
-always lives in the same shard. Every step is one script (or one plain
+Speaks only Redis: it takes members and scores (see ``timers.members``) and
+knows nothing of Django models. A queue is ``SHARDS`` shards (``Shard``), each
+with its own hash tag, so a Redis Cluster spreads them over its masters; a
+member always lives in the same shard. Every step is one script (or one plain
 command) on one shard, never MULTI, and at most ``SLICE`` members per script
 call, so no call holds Redis for long. Every Redis error, Cluster errors
 included, leaves as ``QueueUnavailable``.
@@ -14,34 +14,23 @@ whose lease another claim took over meanwhile is not theirs to move.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
-import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
-from importlib import resources
 from typing import Any, TypeVar
 
-from redis import BlockingConnectionPool, Redis
-from redis.backoff import NoBackoff
-from redis.cluster import RedisCluster
 from redis.commands.core import Script
-from redis.exceptions import RedisClusterException, RedisError
-from redis.retry import Retry as RedisRetry
-from redis.sentinel import SentinelConnectionPool
 
-from .exceptions import QueueUnavailable
+from ..exceptions import QueueUnavailable
+from .errors import redis_errors
 from .keys import CLOSE, GlobalKeys, QueueKeys, shard_of
-from .redaction import masked
+from .scripts import SCRIPT_NAMES, load_script_source
 
 logger = logging.getLogger("order_timeout")
 
-SCRIPT_NAMES = ("schedule", "claim", "forget", "reschedule", "retry", "renew", "move_out", "positions",
-                "renew_lock", "release_lock", "quarantine")
 # Most members one script call carries, so no call holds Redis for long: a claimed
 # batch of up to 500 is acked, retried or renewed in one call (BATCH_SIZE's default is 200).
 SLICE = 500
@@ -64,21 +53,6 @@ LOOK_NOW = 0
 # Why a member went back to pending (``reschedule``'s mark), kept with its first time.
 BUSY = "busy"
 HELD = "held"
-
-
-@functools.cache
-def load_script_source(name: str) -> str:
-    """A script's text, read once per process (every create runs the schedule script)."""
-    return resources.files("order_timeout").joinpath("lua", f"{name}.lua").read_text("utf-8")
-
-
-@contextmanager
-def redis_errors(action: str) -> Iterator[None]:
-    """Any Redis or Redis Cluster error, as ``QueueUnavailable`` naming what failed."""
-    try:
-        yield
-    except (RedisError, RedisClusterException) as exc:
-        raise QueueUnavailable(masked(f"Redis failed to {action}: {type(exc).__name__}: {exc}")) from exc
 
 
 def _text(value: bytes | str) -> str:
@@ -398,7 +372,8 @@ class TimeoutQueue:
     @classmethod
     def from_settings(cls, kind: str = CLOSE) -> TimeoutQueue:
         """The queue on ``REDIS_ALIAS``'s client (``alias_client``); ``QueueUnavailable`` if it cannot connect."""
-        from .conf import settings
+        from ..conf import settings
+        from .clients import alias_client
 
         return cls(alias_client(settings.REDIS_ALIAS), settings.KEY_PREFIX, settings.SHARDS, kind)
 
@@ -415,7 +390,8 @@ class TimeoutQueue:
         clients per thread and per request; one bounded client each would open
         connections without end).
         """
-        from .conf import settings
+        from ..conf import settings
+        from .clients import saves_client
 
         return cls(saves_client(settings.REDIS_ALIAS, settings.SCHEDULE_TIMEOUT), settings.KEY_PREFIX,
                    settings.SHARDS)
@@ -591,146 +567,3 @@ class TimeoutQueue:
                 self.client.hdel(self.global_keys.scanning, *members)
 
 
-class Lanes:
-    """The shards of every kind of timer a consumer serves, numbered in one sequence: a lane each.
-
-    The closes' shards come first (lane = shard index), the reminders' after
-    them. A consumer goes round the lanes, so no kind waits behind another.
-    """
-
-    def __init__(self, queues: Sequence[TimeoutQueue]) -> None:
-        self.queues = list(queues)
-        self.client = self.queues[0].client
-        self.shards = [shard for queue in self.queues for shard in queue.shards]
-        self._queue_of = [queue for queue in self.queues for _ in queue.shards]
-
-    def queue_of(self, lane: int) -> TimeoutQueue:
-        return self._queue_of[lane]
-
-    def next_scores(self) -> dict[int, int | None]:
-        """Each lane's earliest score (pending deadline or lease expiry), in one round trip."""
-        with redis_errors("read the next deadlines"):
-            pipe = self.client.pipeline(transaction=False)
-            for shard in self.shards:
-                pipe.zrange(shard.keys.pending, 0, 0, withscores=True)
-                pipe.zrange(shard.keys.leased, 0, 0, withscores=True)
-            replies = pipe.execute()
-        result: dict[int, int | None] = {}
-        for lane in range(len(self.shards)):
-            # A score no deadline can have reads as "look now": the claim then quarantines it.
-            firsts = [LOOK_NOW if _score(reply[0][1]) is None else _score(reply[0][1])
-                      for reply in replies[2 * lane:2 * lane + 2] if reply]
-            result[lane] = min(firsts) if firsts else None  # type: ignore[type-var]
-        return result
-
-
-# Most connections the saves of one process open to each Redis node (fewer if the
-# alias's own pool allows fewer): a save waits at most SCHEDULE_TIMEOUT for one to come
-# free. Saves hold one for a round trip, so a few serve every thread of a web process.
-SAVE_CONNECTIONS = 10
-
-
-def _cluster_factory(alias: str) -> Any:
-    """The alias's ``ClusterConnectionFactory``, or None for any other connection factory."""
-    from django.core.cache import caches
-
-    from .redis_cluster import ClusterConnectionFactory
-
-    factory = getattr(getattr(caches[alias], "client", None), "connection_factory", None)
-    return factory if isinstance(factory, ClusterConnectionFactory) else None
-
-
-def _location(alias: str) -> Any:
-    from django.conf import settings as django_settings
-
-    return django_settings.CACHES[alias].get("LOCATION", "")
-
-
-def alias_client(alias: str) -> Any:
-    """The Redis client of a cache alias: django-redis's, or a Cluster seeded with every node LOCATION names.
-
-    django-redis hands a connection factory one server of LOCATION at a time;
-    a cluster needs them all, so that a process started while one seed is down
-    still finds the others.
-    """
-    from django.core.exceptions import ImproperlyConfigured
-    from django_redis import get_redis_connection
-
-    with redis_errors("connect"):
-        factory = _cluster_factory(alias)
-        client = factory.cluster(_location(alias)) if factory is not None else get_redis_connection(alias)
-    if not isinstance(client, (Redis, RedisCluster)):
-        raise ImproperlyConfigured(f"CACHES[{alias!r}] gives a {type(client).__name__} client; the order "
-                                   "timeout queue needs redis-py's Redis or RedisCluster.")
-    return client
-
-
-def _limits(timeout: float) -> dict[str, Any]:
-    return {"socket_timeout": timeout, "socket_connect_timeout": timeout,
-            "retry": RedisRetry(NoBackoff(), 0)}
-
-
-def bounded_client(client: Any, timeout: float) -> Any:
-    """A client on the same servers whose every round trip gives up after ``timeout`` seconds.
-
-    For work done inside a web request (scheduling on commit): a Redis that
-    hangs must cost the request a bounded time, not the alias's timeouts
-    (often none) times redis-py's retries. Its pool holds ``SAVE_CONNECTIONS``
-    at most (per node), and a save waits ``timeout`` at most for one. Any
-    ``RedisCluster`` will do, however it was built.
-    """
-    if isinstance(client, RedisCluster):
-        from .redis_cluster import cluster_twin
-
-        size = min(SAVE_CONNECTIONS, client.nodes_manager.connection_kwargs.get("max_connections")
-                   or SAVE_CONNECTIONS)
-        return cluster_twin(client, **_limits(timeout), **_pool_limits(timeout, size))
-    pool = client.connection_pool
-    kwargs = {**pool.connection_kwargs, **_limits(timeout), "retry_on_timeout": False,
-              "connection_class": pool.connection_class}
-    if isinstance(pool, SentinelConnectionPool):
-        # The pool finds the current master through the sentinels; its connections point back to it.
-        kwargs.pop("connection_pool", None)
-        return Redis(connection_pool=SentinelConnectionPool(
-            pool.service_name, pool.sentinel_manager, is_master=pool.is_master, **kwargs))
-    size = min(SAVE_CONNECTIONS, getattr(pool, "max_connections", None) or SAVE_CONNECTIONS)
-    return Redis(connection_pool=BlockingConnectionPool(max_connections=size, timeout=timeout, **kwargs))
-
-
-def _pool_limits(timeout: float, size: int) -> dict[str, Any]:
-    """Each node's pool: at most ``size`` connections, waiting ``timeout`` at most for one."""
-    return {"connection_pool_class": BlockingConnectionPool, "max_connections": size, "timeout": timeout}
-
-
-def saves_client(alias: str, timeout: float) -> Any:
-    """The process's bounded client for saves through ``alias`` (built on first use, then shared)."""
-    from django.conf import settings as django_settings
-
-    key = (alias, repr(django_settings.CACHES.get(alias)), timeout)
-    with _bounded_lock:
-        client = _bounded_clients.get(key)
-    if client is not None:
-        return client
-    # Built outside the lock: a cluster client connects while it is built, and a save
-    # must not wait for another save's connection attempt as well as its own.
-    with redis_errors("connect"):
-        factory = _cluster_factory(alias)
-        if factory is not None:
-            from .redis_cluster import cluster_client
-
-            options = factory.connection_options()
-            size = min(SAVE_CONNECTIONS, options.get("max_connections") or SAVE_CONNECTIONS)
-            built = cluster_client(_location(alias), **{**options, **_limits(timeout),
-                                                        **_pool_limits(timeout, size)})
-        else:
-            built = bounded_client(alias_client(alias), timeout)
-    with _bounded_lock:
-        client = _bounded_clients.setdefault(key, built)
-    if client is not built:
-        built.close()
-    return client
-
-
-# One bounded client per (alias, its CACHES entry, timeout), shared by every thread and request of a process.
-_bounded_clients: dict[tuple[str, str, float], Any] = {}
-_bounded_lock = threading.Lock()

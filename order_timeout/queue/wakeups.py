@@ -23,8 +23,9 @@ from typing import Any
 from redis.cluster import RedisCluster
 from redis.exceptions import NoPermissionError, RedisClusterException, RedisError
 
-from .queue import Lanes, TimeoutQueue
-from .server import sharded_pubsub
+from .lanes import Lanes
+from .probes import sharded_pubsub
+from .shards import TimeoutQueue
 
 logger = logging.getLogger("order_timeout")
 

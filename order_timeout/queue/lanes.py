@@ -1,0 +1,99 @@
+"""The lanes a consumer goes round: every kind's shards in one sequence, and which is due next.
+
+A lane is one shard of one kind of timer (the order close's shards first,
+then each other kind's). A consumer starts at a random lane and goes round,
+so many consumers spread over the shards and no kind waits behind another.
+It remembers each lane's next score (from its last claim, a wake-up, or a
+refresh every ``MAX_WAIT``), so an idle consumer asks only the lanes that are
+due or woke it.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Sequence
+
+from .errors import redis_errors
+from .shards import LOOK_NOW, Claim, TimeoutQueue, _score
+
+# A lane whose next score is not known yet: ask it.
+UNKNOWN = 0
+
+
+class Lanes:
+    """The shards of every kind of timer a consumer serves, numbered in one sequence: a lane each.
+
+    The closes' shards come first (lane = shard index), the reminders' after
+    them. A consumer goes round the lanes, so no kind waits behind another.
+    """
+
+    def __init__(self, queues: Sequence[TimeoutQueue]) -> None:
+        self.queues = list(queues)
+        self.client = self.queues[0].client
+        self.shards = [shard for queue in self.queues for shard in queue.shards]
+        self._queue_of = [queue for queue in self.queues for _ in queue.shards]
+
+    def queue_of(self, lane: int) -> TimeoutQueue:
+        return self._queue_of[lane]
+
+    def next_scores(self) -> dict[int, int | None]:
+        """Each lane's earliest score (pending deadline or lease expiry), in one round trip."""
+        with redis_errors("read the next deadlines"):
+            pipe = self.client.pipeline(transaction=False)
+            for shard in self.shards:
+                pipe.zrange(shard.keys.pending, 0, 0, withscores=True)
+                pipe.zrange(shard.keys.leased, 0, 0, withscores=True)
+            replies = pipe.execute()
+        result: dict[int, int | None] = {}
+        for lane in range(len(self.shards)):
+            # A score no deadline can have reads as "look now": the claim then quarantines it.
+            firsts = [LOOK_NOW if _score(reply[0][1]) is None else _score(reply[0][1])
+                      for reply in replies[2 * lane:2 * lane + 2] if reply]
+            result[lane] = min(firsts) if firsts else None  # type: ignore[type-var]
+        return result
+
+
+class ShardRota:
+    def __init__(self, shards: int, start: int | None = None) -> None:
+        self.count = shards
+        # Per shard: the earliest score it holds (ms), UNKNOWN, or None when it is empty.
+        self._next: list[int | None] = [UNKNOWN] * shards
+        self._cursor = random.randrange(shards) if start is None else start
+        self._lock = threading.Lock()
+
+    def next_due(self, due_ms: int) -> int | None:
+        """The next shard, going round, with something due by ``due_ms``; None if none has."""
+        with self._lock:
+            for step in range(self.count):
+                index = (self._cursor + step) % self.count
+                score = self._next[index]
+                if score is not None and score <= due_ms:
+                    self._cursor = (index + 1) % self.count
+                    return index
+        return None
+
+    def has_due(self, due_ms: int) -> bool:
+        with self._lock:
+            return any(score is not None and score <= due_ms for score in self._next)
+
+    def claimed(self, lane: int, claim: Claim) -> None:
+        with self._lock:
+            # After a claim that took members, more may be due at once.
+            self._next[lane] = UNKNOWN if claim.members else claim.next_score
+
+    def woke(self, shard: int) -> None:
+        """A new earliest deadline was scheduled on ``shard``."""
+        with self._lock:
+            self._next[shard] = UNKNOWN
+
+    def refreshed(self, scores: dict[int, int | None]) -> None:
+        with self._lock:
+            for index, score in scores.items():
+                self._next[index] = score
+
+    def earliest(self) -> int | None:
+        """The earliest next score over every shard (None when all are empty)."""
+        with self._lock:
+            known = [score for score in self._next if score is not None]
+        return min(known) if known else None

@@ -1,0 +1,2 @@
+"""How the timers are doing, for people and machines: ``health`` (the figures, computed once),
+``overview`` (the admin page's), ``metrics`` (Prometheus)."""
