@@ -555,3 +555,45 @@ def check_database_pooling(app_configs: Any = None, **kwargs: Any) -> list[check
             hint=f"Set DATABASES[{alias!r}]['DISABLE_SERVER_SIDE_CURSORS'] = True.",
             id="order_timeout.W010")]
     return []
+
+
+@checks.register(checks.Tags.models, TAG)
+def check_timers(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Each declared timer's conditions must compile against its model, its key fit the records,
+    and its deadlines be walkable by an index (registration checked the rest, at start-up)."""
+    from .timers.registry import registry
+
+    messages: list[checks.CheckMessage] = []
+    for timer in registry.declared():
+        messages += timer_messages(timer)
+    return messages
+
+
+def timer_messages(timer: Any) -> list[checks.CheckMessage]:
+    """What ``check_timers`` reports for one declared timer."""
+    from .db.locks import compiles
+
+    model, where = timer.model, f"timer {timer.name!r} ({type(timer).__qualname__})"
+    messages: list[checks.CheckMessage] = []
+    for attribute in ("pending", "hold"):
+        condition = getattr(timer, attribute)
+        problem = None if condition is None else compiles(model, condition)
+        if problem:
+            messages.append(checks.Error(
+                f"{where}.{attribute} does not fit {model._meta.label}: {problem}",
+                hint="A Q over the model's own fields and relations; consumers would fail every due row.",
+                obj=model, id="order_timeout.E017"))
+    for message in check_key_fits(model):
+        messages.append(checks.Error(f"{where}: {message.msg}", hint=message.hint, obj=model,
+                                     id="order_timeout.E017"))
+    if timer.deadline is not None and not any(
+            timer.deadline in list(index.fields)[:2] for index in model._meta.indexes) and \
+            not model._meta.get_field(timer.deadline).db_index:
+        messages.append(checks.Warning(
+            f"{model._meta.label} has no index on {timer.deadline!r} (alone, or second after the field its "
+            f"pending condition reads): the compensation scan and the status command of {where} would read "
+            "the whole table.",
+            hint=f"Add models.Index(fields=[<its status field>, {timer.deadline!r}]) to the model's Meta.indexes, "
+                 f"or db_index=True on {timer.deadline!r}.",
+            obj=model, id="order_timeout.W011"))
+    return messages

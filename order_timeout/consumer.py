@@ -147,8 +147,10 @@ class Consumer:
             self.kinds = [OrderTimeout(model) if kind is ORDER_TIMEOUT else Reminders(model) if kind is REMINDERS
                           else kind for kind in self.kinds]
         self.model = model or ORDER_TIMEOUT.model
-        # A setting mistake must stop the consumer here, never fail the rows it claims.
+        # A setting (or declaration) mistake must stop the consumer here, never fail the rows it claims.
         validate_hold_condition(self.model)
+        for kind in self.kinds:
+            kind.validate()
         self.queue = queue or TimeoutQueue.from_settings()
         self.batch_size = batch_size if batch_size is not None else settings.BATCH_SIZE
         if not 1 <= self.batch_size <= MAX_BATCH_SIZE:

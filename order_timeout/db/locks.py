@@ -93,6 +93,19 @@ def _held(model: Any, hold: Q) -> Exists:
     return Exists(model._base_manager.filter(hold, pk=OuterRef("pk")))
 
 
+def compiles(model: Any, condition: Q, using: str | None = None) -> str | None:
+    """Why ``condition`` does not compile as a subquery on ``model``'s rows (None when it does),
+    without running it: the locking SELECT's hold and pending subqueries are built the same way."""
+    using = using or router.db_for_write(model)
+    try:
+        query = model._base_manager.db_manager(using).filter(pk=None).annotate(
+            _timeout_held=_held(model, condition)).query
+        query.get_compiler(using=using).as_sql()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def validate_hold_condition(model: Any, using: str | None = None) -> None:
     """Build and compile the locking SELECT's hold subquery for ``model``, without running it.
 
@@ -103,15 +116,9 @@ def validate_hold_condition(model: Any, using: str | None = None) -> None:
     hold = settings.hold_condition()
     if hold is None:
         return
-    using = using or router.db_for_write(model)
-    try:
-        query = model._base_manager.db_manager(using).filter(pk=None).annotate(
-            _timeout_held=_held(model, hold)).query
-        query.get_compiler(using=using).as_sql()
-    except Exception as exc:
-        raise ImproperlyConfigured(
-            f"ORDER_TIMEOUT['HOLD_CONDITION'] does not fit {model._meta.label}: "
-            f"{type(exc).__name__}: {exc}") from exc
+    problem = compiles(model, hold, using)
+    if problem:
+        raise ImproperlyConfigured(f"ORDER_TIMEOUT['HOLD_CONDITION'] does not fit {model._meta.label}: {problem}")
 
 
 class StillConflicting(Exception):

@@ -66,6 +66,9 @@ class OrderTimeout(Timer):
     def hold_condition(self) -> Q | None:
         return settings.hold_condition()
 
+    def validate(self) -> None:
+        pass  # HOLD_CONDITION: check E013, and validate_hold_condition() when a consumer starts
+
     def lock(self, manager: Any, pks: Any) -> LockedOrders:
         locked = lock_orders(manager, pks, hold=self.hold_condition())
         locked.deadlines = {pk: order.expires_at for pk, order in locked.rows.items()}

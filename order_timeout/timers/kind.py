@@ -139,6 +139,19 @@ class Timer:
     def using(self) -> str:
         return router.db_for_write(self.model)
 
+    def validate(self) -> None:
+        """``ImproperlyConfigured`` when a condition does not compile against the model (check E017
+        says the same at start-up): a consumer refuses to run rather than fail every due row."""
+        from django.core.exceptions import ImproperlyConfigured
+
+        from ..db.locks import compiles
+
+        for attribute in ("pending", "hold"):
+            condition = getattr(self, attribute)
+            problem = None if condition is None or condition == Q() else compiles(self.model, condition)
+            if problem:
+                raise ImproperlyConfigured(f"{self!r}.{attribute} does not fit {self.model._meta.label}: {problem}")
+
     # -- from the shop's side ----------------------------------------------------------------
 
     def schedule(self, rows: Any) -> None:

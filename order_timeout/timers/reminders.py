@@ -104,6 +104,9 @@ class Reminders(Timer):
     def hold_condition(self) -> Q | None:
         return settings.hold_condition()
 
+    def validate(self) -> None:
+        pass  # the order close's conditions, checked with it
+
     def lock(self, manager: Any, pks: Any) -> LockedOrders:
         locked = lock_orders(manager, list(dict.fromkeys(pks)), hold=self.hold_condition())
         locked.deadlines = {pk: order.expires_at for pk, order in locked.rows.items()}
