@@ -32,14 +32,12 @@ from .queue.lanes import ShardRota
 from .queue.wakeups import WakeListener
 from .reporting.metrics import ConsumerMetrics
 from .timers.clock import DatabaseClock
-from .timers.closes import OrderTimeout
 from .timers.kind import Timer
 from .timers.leases import LeaseGuard, WatchedBatch
 from .timers.lifecycle import Lifecycle
 from .timers.members import now_score
 from .timers.outcome import Report
 from .timers.registry import ORDER_TIMEOUT, REMINDERS, registry
-from .timers.reminders import Reminders
 from .timers.watch import BatchWatch
 from .timers.watchdog import exit_stuck
 
@@ -141,11 +139,8 @@ class Consumer:
         exit_when_stuck: bool = False,
         kinds: list[Timer] | None = None,
     ) -> None:
-        self.kinds = kinds if kinds is not None else registry.kinds()
-        if model is not None:
-            # The order close (and its reminders) of another order model than ORDER_MODEL.
-            self.kinds = [OrderTimeout(model) if kind is ORDER_TIMEOUT else Reminders(model) if kind is REMINDERS
-                          else kind for kind in self.kinds]
+        # The order close (and its reminders) of ``model`` when it is not ORDER_MODEL.
+        self.kinds = kinds if kinds is not None else registry.kinds_for(model)
         self.model = model or ORDER_TIMEOUT.model
         # A setting (or declaration) mistake must stop the consumer here, never fail the rows it claims.
         validate_hold_condition(self.model)

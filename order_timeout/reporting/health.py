@@ -17,16 +17,18 @@ from django.utils import timezone
 from .. import get_order_model
 from ..conf import settings
 from ..models import DeadLetter, TimeoutOrderMixin
-from ..queue import TimeoutQueue
+from ..queue import QueueStats, TimeoutQueue
 from ..queue.keys import REMIND
 from ..timers.closes import OrderTimeout
 from ..timers.kind import Timer
 from ..timers.members import now_score
-from ..timers.registry import registry
+from ..timers.registry import ORDER_TIMEOUT, registry
 
 
 @dataclass(frozen=True)
-class Health:
+class Backlog:
+    """What one kind's queue holds, as Redis says: the same figures for every kind."""
+
     pending: int
     due_unclaimed: int
     leased: int
@@ -40,10 +42,25 @@ class Health:
     oldest_busy_age_seconds: float
     # Members taken over from a consumer that died, froze or overran its lease with them.
     taken_over: int
-    # Due members held by a payment in flight (HOLD_CONDITION), and how long the
+    # Due members held by their hold condition (a payment in flight), and how long the
     # longest-held has been.
     held: int
     oldest_held_age_seconds: float
+
+    @staticmethod
+    def of(stats: QueueStats, now: datetime) -> dict[str, Any]:
+        """The figures of ``stats``, as keyword arguments."""
+        return {"pending": stats.pending, "due_unclaimed": stats.due, "leased": stats.leased,
+                "expired_leases": stats.expired_leases, "oldest_due_age_seconds": _age(now, stats.oldest_due_ms),
+                "busy": stats.busy, "oldest_busy_age_seconds": _age(now, stats.oldest_busy_ms),
+                "taken_over": stats.taken_over, "held": stats.held,
+                "oldest_held_age_seconds": _age(now, stats.oldest_held_ms)}
+
+
+@dataclass(frozen=True)
+class Health(Backlog):
+    """The order close's figures (and its reminders'), and each declared timer's in ``timers``."""
+
     # Open dead letters: orders waiting for staff.
     dead_letters: int
     # Unpaid rows past their deadline, whatever Redis says (less those the hold
@@ -58,7 +75,7 @@ class Health:
     reminders_pending: int = 0
     reminders_due: int = 0
     # Members moved out of the queue because they name no order (not UTF-8, malformed, scored
-    # past any deadline), every kind: for a person to look at (nothing else reads them).
+    # past any deadline): for a person to look at (nothing else reads them).
     quarantined: int = 0
     # Each timer a shop declared, by name: its own backlog (``TimerHealth``).
     timers: dict[str, TimerHealth] = field(default_factory=dict)
@@ -68,19 +85,9 @@ class Health:
 
 
 @dataclass(frozen=True)
-class TimerHealth:
+class TimerHealth(Backlog):
     """One declared timer's figures: the same as the order close's, in its own rows and keys."""
 
-    pending: int
-    due_unclaimed: int
-    leased: int
-    expired_leases: int
-    oldest_due_age_seconds: float
-    busy: int
-    oldest_busy_age_seconds: float
-    taken_over: int
-    held: int
-    oldest_held_age_seconds: float
     dead_letters: int
     # Rows still pending past their deadline, whatever Redis says.
     overdue_in_database: int
@@ -101,17 +108,8 @@ def measure(now: datetime | None = None, *, model: type[TimeoutOrderMixin] | Non
     stats = queue.stats(now_score(now))
     rows = model._base_manager.db_manager(router.db_for_read(model)).filter(model.unpaid_q())
     return Health(
-        pending=stats.pending,
-        due_unclaimed=stats.due,
-        leased=stats.leased,
-        expired_leases=stats.expired_leases,
-        oldest_due_age_seconds=_age(now, stats.oldest_due_ms),
-        busy=stats.busy,
-        oldest_busy_age_seconds=_age(now, stats.oldest_busy_ms),
-        taken_over=stats.taken_over,
-        held=stats.held,
-        oldest_held_age_seconds=_age(now, stats.oldest_held_ms),
-        dead_letters=DeadLetter.objects.filter(resolved_at__isnull=True).count(),
+        **Backlog.of(stats, now),
+        dead_letters=DeadLetter.objects.filter(timer=ORDER_TIMEOUT.name, resolved_at__isnull=True).count(),
         overdue_unpaid_in_database=_overdue(rows, now).count(),
         unpaid_without_deadline=rows.filter(expires_at__isnull=True).count(),
         drift=count_drift(model, queue) if drift else None,
@@ -124,10 +122,7 @@ def measure(now: datetime | None = None, *, model: type[TimeoutOrderMixin] | Non
 def _timer(timer: Timer, queue: TimeoutQueue, now: datetime, *, drift: bool) -> TimerHealth:
     stats = queue.stats(now_score(now))
     return TimerHealth(
-        pending=stats.pending, due_unclaimed=stats.due, leased=stats.leased, expired_leases=stats.expired_leases,
-        oldest_due_age_seconds=_age(now, stats.oldest_due_ms), busy=stats.busy,
-        oldest_busy_age_seconds=_age(now, stats.oldest_busy_ms), taken_over=stats.taken_over, held=stats.held,
-        oldest_held_age_seconds=_age(now, stats.oldest_held_ms),
+        **Backlog.of(stats, now),
         dead_letters=DeadLetter.objects.filter(timer=timer.name, resolved_at__isnull=True).count(),
         overdue_in_database=timer.count(before=now), drift=count_drift(timer, queue) if drift else None,
         quarantined=stats.quarantined)

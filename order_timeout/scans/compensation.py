@@ -32,7 +32,7 @@ from ..timers.closes import OrderTimeout
 from ..timers.giving_up import Failure
 from ..timers.kind import Timer
 from ..timers.members import now_score
-from ..timers.registry import ORDER_TIMEOUT, REMINDERS, registry
+from ..timers.registry import registry
 from ..timers.reminders import Reminders
 from ..timers.staff import resolve_settled
 from ..timers.watchdog import Watchdog, exit_stuck, stuck_after, watchdog
@@ -107,11 +107,8 @@ class CompensationScan:
         exit_when_stuck: bool = False,
         kinds: list[Timer] | None = None,
     ) -> None:
-        self.kinds = kinds if kinds is not None else registry.kinds()
-        if model is not None:
-            # The order close (and its reminders) of another order model than ORDER_MODEL.
-            self.kinds = [OrderTimeout(model) if kind is ORDER_TIMEOUT else Reminders(model) if kind is REMINDERS
-                          else kind for kind in self.kinds]
+        # The order close (and its reminders) of ``model`` when it is not ORDER_MODEL.
+        self.kinds = kinds if kinds is not None else registry.kinds_for(model)
         self.queue = queue or TimeoutQueue.from_settings()
         self.now = now or timezone.now()
         self.grace = timedelta(seconds=settings.COMPENSATION_GRACE if grace is None else grace)

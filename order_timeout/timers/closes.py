@@ -27,20 +27,12 @@ from .kind import Due, Timer
 from .outcome import Key, Outcome
 
 
-class OrderTimeout(Timer):
-    name = ""
-    queue_name = CLOSE
-    log_extra = "batch"
-    log_name = "batch"
-    metric_family = "closes"
-    labels = {"acted": "closed", "settled": "skipped_paid", "given_up": "dead_lettered"}
-    # Metric labels of order_timeout_closes_total{outcome} (unchanged since 0.1).
-    metric_labels = {"acted": "closed", "settled": "settled", "not_due": "rescheduled", "busy": "busy",
-                     "held": "held", "failed": "failed", "given_up": "dead_lettered", "dropped": "dropped",
-                     "abandoned": "abandoned"}
+class OnOrderModel(Timer):
+    """A kind the app declares on the order model: ``ORDER_MODEL`` (read each time, so a test or a
+    shop may point it elsewhere), or the model given; its rows pending while unpaid, held by
+    ``HOLD_CONDITION``, whose fit the consumer checks once (E013) for every such kind."""
 
     def __init__(self, model: Any = None) -> None:
-        # None: ORDER_MODEL, read each time (a test or a shop may point it elsewhere).
         self._model = model
         super().__init__()
 
@@ -52,6 +44,25 @@ class OrderTimeout(Timer):
     def pending(self) -> Q:  # type: ignore[override]
         return self.model.unpaid_q()
 
+    def hold_condition(self) -> Q | None:
+        return settings.hold_condition()
+
+    def validate(self) -> None:
+        pass  # HOLD_CONDITION: check E013, and validate_hold_condition() when a consumer starts
+
+
+class OrderTimeout(OnOrderModel):
+    name = ""
+    queue_name = CLOSE
+    log_extra = "batch"
+    log_name = "batch"
+    metric_family = "closes"
+    labels = {"acted": "closed", "settled": "skipped_paid", "given_up": "dead_lettered"}
+    # Metric labels of order_timeout_closes_total{outcome} (unchanged since 0.1).
+    metric_labels = {"acted": "closed", "settled": "settled", "not_due": "rescheduled", "busy": "busy",
+                     "held": "held", "failed": "failed", "given_up": "dead_lettered", "dropped": "dropped",
+                     "abandoned": "abandoned"}
+
     @property
     def doing(self) -> str:
         return "closing"
@@ -62,12 +73,6 @@ class OrderTimeout(Timer):
 
     def describe(self, key: Key) -> str:
         return f"order={key}"
-
-    def hold_condition(self) -> Q | None:
-        return settings.hold_condition()
-
-    def validate(self) -> None:
-        pass  # HOLD_CONDITION: check E013, and validate_hold_condition() when a consumer starts
 
     def lock(self, manager: Any, pks: Any) -> LockedOrders:
         locked = lock_orders(manager, pks, hold=self.hold_condition())

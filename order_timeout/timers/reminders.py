@@ -19,16 +19,15 @@ from functools import partial
 from typing import Any
 
 from django.db import router, transaction
-from django.db.models import Q
 
-from .. import get_order_model
 from ..conf import settings
 from ..db.locks import LockedOrders, lock_orders
 from ..models import Reminder
 from ..queue.keys import REMIND
 from ..signals import deadline_approaching
 from .acting import run_receiver
-from .kind import Due, Timer
+from .closes import OnOrderModel
+from .kind import Due
 from .members import deadline_score, parse_reminder, reminder_member
 from .outcome import Key, Outcome
 
@@ -42,7 +41,7 @@ class Given:
     missing: list[Key] = field(default_factory=list)
 
 
-class Reminders(Timer):
+class Reminders(OnOrderModel):
     name = "remind"
     queue_name = REMIND
     log_extra = "reminders"
@@ -53,19 +52,6 @@ class Reminders(Timer):
     metric_labels = {"acted": "sent", "settled": "done", "passed": "held", "not_due": "rescheduled",
                      "busy": "busy", "failed": "failed", "given_up": "given_up", "dropped": "dropped",
                      "abandoned": "abandoned"}
-
-    def __init__(self, model: Any = None) -> None:
-        # None: ORDER_MODEL, read each time (a test or a shop may point it elsewhere).
-        self._model = model
-        super().__init__()
-
-    @property
-    def model(self) -> Any:  # type: ignore[override]
-        return self._model or get_order_model()
-
-    @property
-    def pending(self) -> Q:  # type: ignore[override]
-        return self.model.unpaid_q()
 
     @property
     def label(self) -> str:
@@ -101,11 +87,6 @@ class Reminders(Timer):
         score = deadline_score(row.expires_at)
         return {member: score - lead for member, lead in zip(members, leads, strict=True)}, []
 
-    def hold_condition(self) -> Q | None:
-        return settings.hold_condition()
-
-    def validate(self) -> None:
-        pass  # the order close's conditions, checked with it
 
     def lock(self, manager: Any, pks: Any) -> LockedOrders:
         locked = lock_orders(manager, list(dict.fromkeys(pks)), hold=self.hold_condition())
