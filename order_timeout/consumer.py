@@ -140,7 +140,7 @@ class Consumer:
         kinds: list[Timer] | None = None,
     ) -> None:
         # The order close (and its reminders) of ``model`` when it is not ORDER_MODEL.
-        self.kinds = kinds if kinds is not None else registry.kinds_for(model)
+        self.kinds = registry.kinds_for(model, kinds)
         self.model = model or ORDER_TIMEOUT.model
         # A setting (or declaration) mistake must stop the consumer here, never fail the rows it claims.
         validate_hold_condition(self.model)

@@ -108,7 +108,7 @@ class CompensationScan:
         kinds: list[Timer] | None = None,
     ) -> None:
         # The order close (and its reminders) of ``model`` when it is not ORDER_MODEL.
-        self.kinds = kinds if kinds is not None else registry.kinds_for(model)
+        self.kinds = registry.kinds_for(model, kinds)
         self.queue = queue or TimeoutQueue.from_settings()
         self.now = now or timezone.now()
         self.grace = timedelta(seconds=settings.COMPENSATION_GRACE if grace is None else grace)

@@ -75,12 +75,14 @@ class TimerRegistry:
         any, then every declared timer."""
         return [ORDER_TIMEOUT, *([REMINDERS] if settings.REMINDERS else []), *self._declared.values()]
 
-    def kinds_for(self, model: Any = None) -> list[Timer]:
-        """``kinds()``, with the order close and its reminders on ``model`` (None: ORDER_MODEL)."""
+    def kinds_for(self, model: Any = None, kinds: list[Timer] | None = None) -> list[Timer]:
+        """``kinds`` (default ``kinds()``), the order close and its reminders on ``model`` (None:
+        ORDER_MODEL)."""
+        kinds = self.kinds() if kinds is None else kinds
         if model is None:
-            return self.kinds()
+            return kinds
         return [OrderTimeout(model) if kind is ORDER_TIMEOUT else Reminders(model) if kind is REMINDERS else kind
-                for kind in self.kinds()]
+                for kind in kinds]
 
     def of_model(self, model: type[models.Model]) -> list[Timer]:
         return [timer for timer in self._declared.values() if timer.model is model]
