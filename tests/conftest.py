@@ -266,7 +266,7 @@ def database_url() -> str:
     scheme, port = {"mysql": ("mysql", 3306), "postgresql": ("postgres", 5432)}.get(
         connection.vendor, (None, None))
     if scheme is None:
-        raise RuntimeError("Process tests need the MariaDB or PostgreSQL test database (see README).")
+        raise RuntimeError("Process tests need the MariaDB or PostgreSQL test database (see CONTRIBUTING.md).")
     user, password = quote(s["USER"] or ""), quote(s["PASSWORD"] or "")
     return f"{scheme}://{user}:{password}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or port}/{s['NAME']}"
 
@@ -387,7 +387,7 @@ class PrivateRedis:
 
     def start(self) -> None:
         binary = shutil.which("redis-server")
-        assert binary, "redis-server is not installed (see README)"
+        assert binary, "redis-server is not installed (see CONTRIBUTING.md)"
         tls = "--tls-port" in self.arguments
         self.directory = self.directory or tempfile.mkdtemp(prefix="redis-")
         self.proc = subprocess.Popen(

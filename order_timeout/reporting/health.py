@@ -124,7 +124,7 @@ def _timer(timer: Timer, queue: TimeoutQueue, now: datetime, *, drift: bool) -> 
     return TimerHealth(
         **Backlog.of(stats, now),
         dead_letters=DeadLetter.objects.filter(timer=timer.name, resolved_at__isnull=True).count(),
-        overdue_in_database=timer.count(before=now), drift=count_drift(timer, queue) if drift else None,
+        overdue_in_database=timer.overdue_count(now), drift=count_drift(timer, queue) if drift else None,
         quarantined=stats.quarantined)
 
 

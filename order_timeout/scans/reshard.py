@@ -1,4 +1,4 @@
-"""Move every member from the layout of an old ``SHARDS`` to the current one, losing none.
+"""Move every member, of every kind, from the layout of an old ``SHARDS`` to the current one, losing none.
 
 Deploy the new ``SHARDS`` everywhere first: from then on, saves schedule and
 consumers claim in the new layout, and what waits in the old one is stranded
@@ -19,6 +19,7 @@ from typing import Any
 from ..conf import settings
 from ..queue import SLICE, Shard, TimeoutQueue, redis_errors
 from ..timers.members import now_score
+from ..timers.registry import registry
 
 
 @dataclass
@@ -38,9 +39,14 @@ class ReshardResult:
 
 class Reshard:
     def __init__(self, old_shards: int, *, queue: TimeoutQueue | None = None, dry_run: bool = False,
-                 wait_seconds: float | None = None, clock_ms: Callable[[], int] | None = None) -> None:
-        self.new = queue or TimeoutQueue.from_settings()
-        self.old = TimeoutQueue(self.new.client, self.new.prefix, old_shards)
+                 wait_seconds: float | None = None, clock_ms: Callable[[], int] | None = None,
+                 kinds: list[Any] | None = None) -> None:
+        base = queue or TimeoutQueue.from_settings()
+        # Every kind's queue, old layout and new: the order close's, the reminders', each timer's.
+        self.layouts = [(base.of_kind(kind.key_space), TimeoutQueue(base.client, base.prefix, old_shards,
+                                                                    kind.key_space))
+                        for kind in (kinds if kinds is not None else registry.kinds())]
+        self.new, self.old = self.layouts[0]
         self.dry_run = dry_run
         self.wait_seconds = settings.LEASE_SECONDS + 5 if wait_seconds is None else wait_seconds
         self.clock_ms = clock_ms or now_score_now
@@ -51,8 +57,10 @@ class Reshard:
         while True:
             self.result.passes += 1
             self.result.still_leased = 0
-            for shard in self.old.shards:
-                self._move_shard(shard)
+            for new, old in self.layouts:
+                self.new, self.old = new, old
+                for shard in old.shards:
+                    self._move_shard(shard)
             if self.dry_run or not self.result.still_leased or time.monotonic() >= give_up_at:
                 return self.result
             time.sleep(1.0)

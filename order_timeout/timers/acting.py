@@ -110,11 +110,14 @@ def act_on(kind: Timer, keys: Sequence[Key], *, should_stop: Callable[[], bool] 
     if stopping():
         outcome.abandoned = list(keys)
         return outcome
-    if len(keys) == 1:
-        outcome.failed[keys[0]] = batch_error
-        return outcome
-    logger.warning("%s: a batch of %d failed as a whole (%s: %s); acting on its keys one by one.",
-                   kind.label, len(keys), type(batch_error).__name__, batch_error)
+    # One more try for each key alone, a batch of one too: an error that was the database's (a
+    # connection a receiver lost) is counted against a key only when it comes back for it alone.
+    if len(keys) > 1:
+        logger.warning("%s: a batch of %d failed as a whole (%s: %s); acting on its keys one by one.",
+                       kind.label, len(keys), type(batch_error).__name__, _cause(batch_error))
+    else:
+        logger.warning("%s: acting on %s failed (%s: %s); trying it once more.", kind.label,
+                       kind.describe(keys[0]), type(batch_error).__name__, _cause(batch_error))
     for index, key in enumerate(keys):
         if stopping():
             outcome.abandoned += keys[index:]
@@ -129,8 +132,33 @@ def act_on(kind: Timer, keys: Sequence[Key], *, should_stop: Callable[[], bool] 
         except Exception as exc:
             if not _database_answers(connection):
                 raise _unreachable(exc)  # noqa: B904 (_unreachable chains the cause itself)
-            outcome.failed[key] = exc
+            outcome.failed[key] = _cause(exc)
     return outcome
+
+
+class BatchReceiverFailed(Exception):
+    """A receiver of a whole batch (``Timer.fire``, ``orders_expired``) raised ``error``: the batch
+    fails as a whole, and is acted on again a key at a time."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def run_batch_receiver(send: Callable[[], Any]) -> None:
+    """Run a batch's receivers; whatever they raise (``SystemExit`` too) fails the batch, not the
+    consumer. Only the consumer's own immediate shutdown goes through."""
+    try:
+        send()
+    except ImmediateShutdown:
+        raise
+    except BaseException as exc:
+        raise BatchReceiverFailed(exc) from exc
+
+
+def _cause(error: BaseException) -> BaseException:
+    """The receiver's own error inside our wrappers."""
+    return error.error if isinstance(error, (ReceiverFailed, BatchReceiverFailed)) else error
 
 
 class _Refused(Exception):
@@ -178,6 +206,9 @@ def _transaction(kind: Timer, keys: Sequence[Key], using: str, refused: dict[Key
     with transaction.atomic(using=using):
         limit_transaction(using)  # under transaction pooling only: the limits, for this transaction
         due = kind.judge(keys, kind.lock(manager, [kind.row_of(key) for key in keys]), outcome)
+        if outcome.settled:
+            # A row no longer pending needs its deadline no more (deadlines in the app's table go).
+            kind.deadlines.done(manager, [kind.row_of(key) for key in outcome.settled])
         if not due:
             return outcome
         now = outcome.db_now
@@ -204,7 +235,7 @@ def _transaction(kind: Timer, keys: Sequence[Key], using: str, refused: dict[Key
                 outcome.failed[failure.key] = failure.error
                 _one_by_one(kind, [item for item in due if item[0] != failure.key], now, outcome, using, progress)
             except Exception as exc:
-                if _databases(exc, using):
+                if _databases(_cause(exc), using):
                     raise
                 _one_by_one(kind, due, now, outcome, using, progress)
             else:
@@ -220,7 +251,7 @@ def _one_by_one(kind: Timer, due: list[Due], now: Any, outcome: Outcome, using: 
             with transaction.atomic(using=using):
                 kind.act([item], now, progress)
         except Exception as exc:
-            error = exc.error if isinstance(exc, ReceiverFailed) else exc
+            error = _cause(exc)
             if _databases(error, using):
                 raise error from error.__cause__
             outcome.failed[item[0]] = error

@@ -22,7 +22,7 @@ from ..db.locks import LockedOrders, lock_orders
 from ..models import HOLD_EXPIRED_REASON, TIMEOUT_REASON
 from ..queue.keys import CLOSE
 from ..signals import order_expired, orders_expired
-from .acting import run_receiver
+from .acting import run_batch_receiver, run_receiver
 from .kind import Due, Timer
 from .outcome import Key, Outcome
 
@@ -115,4 +115,5 @@ class OrderTimeout(OnOrderModel):
                 progress()
         # A batch receiver that raises fails the whole batch; acting then gives each order a
         # batch of its own.
-        orders_expired.send(sender=model, orders=orders, previous_statuses=previous_statuses)
+        run_batch_receiver(partial(orders_expired.send, sender=model, orders=orders,
+                                   previous_statuses=previous_statuses))

@@ -35,6 +35,7 @@ from django.db.models import Q
 
 from ..conf import settings
 from ..db.locks import LockedOrders, lock_orders
+from .acting import run_batch_receiver
 from .deadlines import ColumnDeadlines, DeadlineStore, OutsideDeadlines
 from .members import deadline_score, now_score, order_member, parse_member
 from .outcome import Key, Outcome
@@ -258,7 +259,7 @@ class Timer:
             for row in rows:
                 for name, value in values.items():
                     setattr(row, name, value)
-        self.fire(rows, now)
+        run_batch_receiver(lambda: self.fire(rows, now))
         self.deadlines.done(manager, [row.pk for row in rows])
         if progress is not None:
             progress()
@@ -294,6 +295,20 @@ class Timer:
               until: datetime | None = None) -> int:
         """How many rows ``overdue`` (``before``) or ``upcoming`` (``after``, ``until``) would yield."""
         return self.deadlines.count(self._rows(), before=before, after=after, until=until)
+
+    def overdue_count(self, now: datetime) -> int:
+        """Pending rows past their deadline, less those their hold holds (within its longest hold):
+        they are not late, they wait for what holds them."""
+        rows = self._rows()
+        hold = self.hold_condition()
+        if hold is not None and self.deadline is not None:
+            held = Q(hold)
+            longest = self.longest_hold()
+            if longest is not None:
+                held &= Q(**{f"{self.deadline}__gt": now - longest})
+            # As a subquery on the key: a hold over a related table must not repeat rows.
+            rows = rows.exclude(pk__in=self.model._base_manager.filter(held).values("pk"))
+        return self.deadlines.count(rows, before=now)
 
     def _rows(self) -> Any:
         # The primary: a replica may lag behind the acts this scan makes.

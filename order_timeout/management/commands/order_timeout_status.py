@@ -76,6 +76,12 @@ THRESHOLDS = {
 }
 
 
+def _for_rows(text: str, timer: bool) -> str:
+    """A threshold's words for a declared timer, whose rows are not orders."""
+    return text.replace("unpaid orders", "rows").replace("orders", "rows").replace("an order", "a row") if timer \
+        else text
+
+
 # A declared timer's name for the figure a threshold watches, where it differs.
 TIMER_FIGURES = {"overdue_unpaid_in_database": "overdue_in_database"}
 
@@ -104,7 +110,8 @@ class Command(BaseCommand):
         kinds: list[tuple[str, Any]] = [("", health), *((f"timer {name}: ", figures)
                                                         for name, figures in health.timers.items())]
         crossed = [
-            prefix + threshold.crossed.format(value=getattr(figures, field), limit=options[option])
+            prefix + _for_rows(threshold.crossed, bool(prefix)).format(value=getattr(figures, field),
+                                                                       limit=options[option])
             for prefix, figures in kinds
             for option, threshold in THRESHOLDS.items()
             for field in [TIMER_FIGURES.get(threshold.figure, threshold.figure) if prefix else threshold.figure]
