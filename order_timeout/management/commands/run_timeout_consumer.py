@@ -97,6 +97,11 @@ class Command(BaseCommand):
             f"{stats.failed} failed, "
             f"{stats.dead_lettered} dead-lettered, {stats.dropped} dropped, {stats.abandoned} given up."
         )
+        # Every other kind it served, in its own words (the reminders: "sent"; a timer: "acted").
+        for name, totals in stats.kinds.items():
+            if name != "":
+                figures = ", ".join(f"{value} {field.replace('_', ' ')}" for field, value in totals.named().items())
+                self.stdout.write(f"  {totals.kind.label}: {figures}.")
 
     def _configure_logging(self, verbosity: int) -> None:
         """Show the app's lines when the project shows none; never touch the root logger.
