@@ -16,6 +16,9 @@ from typing import Any
 
 from .systems import ROOT, System
 
+# The rows run again on the ref's code: the plain one and the one with a reminder per order.
+COMPARED = ("ours", "ours_reminders")
+
 # What a compared row measures; the ratio is new / old for each.
 FIGURES = (
     ("steady", "lateness_ms", "p50", "steady lateness p50 (ms)"),

@@ -227,9 +227,9 @@ def drift_walk(walk: Walk, name: str, chunk: int) -> Measured:
     from django.conf import settings
     from django.test import override_settings
 
-    from order_timeout.reporting import health
     from order_timeout.models import Order
     from order_timeout.queue import TimeoutQueue
+    from order_timeout.reporting import health
 
     measured = Measured("count_drift", name, [])
     with (override_settings(ORDER_TIMEOUT={**settings.ORDER_TIMEOUT, "COMPENSATION_CHUNK": chunk}),
