@@ -96,8 +96,8 @@ class System:
     def start(self) -> None:
         # Persistent connections for every closer: Celery's Django fixup would
         # otherwise reconnect after every task, and that is not what we measure.
-        env = {**os.environ, "BENCH": "1", "SHOP_RECORD_EXPIRIES": "0", "SHOP_RECORD_REMINDERS": "0", "SHOP_TIMERS": "0",
-               "CONN_MAX_AGE": "600",
+        env = {**os.environ, "BENCH": "1", "SHOP_RECORD_EXPIRIES": "0", "SHOP_RECORD_REMINDERS": "0",
+               "SHOP_TIMERS": "0", "CONN_MAX_AGE": "600",
                "BENCH_RECORD_DIR": str(self.record_dir), "PYTHONPATH": str(self.root),
                "ORDER_TIMEOUT_ORDER_MODEL": self.model_label, **self.extra_env}
         for number, command in enumerate(self.commands(), start=len(self.logs)):
