@@ -164,7 +164,9 @@ def check_status_declarations(model: Any) -> list[checks.CheckMessage]:
             hint="Name the model's own status field in TIMEOUT_STATUS_FIELD.",
             obj=model, id="order_timeout.E004",
         )]
-    return [*_declared_values(model, field), *_default_status(model, field), *_index(model)]
+    declared = _declared_values(model, field)
+    # The default's warning reads the declarations: only once they are sound.
+    return [*declared, *([] if declared else _default_status(model, field)), *_index(model)]
 
 
 def _declared_values(model: Any, field: Any) -> list[checks.CheckMessage]:
@@ -211,16 +213,17 @@ def _declared_values(model: Any, field: Any) -> list[checks.CheckMessage]:
 
 
 def _default_status(model: Any, field: Any) -> list[checks.CheckMessage]:
+    """A new order born paid or closed is a mistake; born in any other status it is scheduled
+    when it enters an unpaid status (a row never scheduled may, from any status)."""
     default = field.get_default()
-    if default in model.TIMEOUT_UNPAID_STATUSES or default in model.TIMEOUT_DRAFT_STATUSES:
+    if default not in (model.TIMEOUT_PAID_STATUS, model.TIMEOUT_CLOSED_STATUS):
         return []
     return [checks.Warning(
-        f"New {model.__name__} orders start in status {default!r}, which is not one of "
-        f"TIMEOUT_UNPAID_STATUSES {tuple(model.TIMEOUT_UNPAID_STATUSES)!r}: they are never "
-        "scheduled and never closed until they move into an unpaid status.",
-        hint="Add the initial status to TIMEOUT_UNPAID_STATUSES (or, if orders start as drafts, "
-             "to TIMEOUT_DRAFT_STATUSES), or give the field an unpaid default (a base class "
-             "earlier in the MRO may have set this one).",
+        f"New {model.__name__} orders start in status {default!r}, the "
+        f"{'paid' if default == model.TIMEOUT_PAID_STATUS else 'closed'} value: they are never scheduled, "
+        "and look paid or closed before anyone paid or closed them.",
+        hint="Give the field an unpaid default (TIMEOUT_UNPAID_STATUSES) or a status of its own before "
+             "payment (a base class earlier in the MRO may have set this one).",
         obj=model, id="order_timeout.W001",
     )]
 

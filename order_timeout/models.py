@@ -220,13 +220,13 @@ class TimeoutOrderMixin(models.Model):
             return
         with transaction.atomic(using=using):
             current = (type(self)._base_manager.db_manager(using).select_for_update()
-                       .filter(pk=self.pk).values_list(self.TIMEOUT_STATUS_FIELD, "expires_at")
+                       .filter(pk=self.pk).values_list(self.TIMEOUT_STATUS_FIELD, "expires_at", "closed_at")
                        .first())
             if current is not None and writes_status:
-                self._refuse_unsafe_move(current[0])
+                self._refuse_unsafe_move(*current)
             if current is not None and writes_deadline:
                 self._keep_a_deadline_moved_meanwhile(current[1])
-            if current is not None and writes_status and self._leaves_draft(current):
+            if current is not None and writes_status and self._enters_unpaid(current):
                 self.expires_at = policy_deadline(self)
                 if update_fields is not None and "expires_at" not in update_fields:
                     kwargs["update_fields"] = [*update_fields, "expires_at"]
@@ -247,10 +247,17 @@ class TimeoutOrderMixin(models.Model):
 
         transaction.on_commit(remember, using=using)
 
-    def _leaves_draft(self, current: tuple[Any, Any]) -> bool:
-        """A draft in the row, unpaid in this save, and no deadline of its own given by the save:
-        the deadline starts now."""
-        return (current[0] in self.TIMEOUT_DRAFT_STATUSES and self.is_unpaid
+    def _never_scheduled(self, current: tuple[Any, Any, Any]) -> bool:
+        """The row never had a deadline and was never closed: whatever its status, it never went
+        through the queue (a draft, or an order a framework created in a status of its own)."""
+        status, deadline, closed_at = current
+        return deadline is None and closed_at is None and status != self.TIMEOUT_CLOSED_STATUS
+
+    def _enters_unpaid(self, current: tuple[Any, Any, Any]) -> bool:
+        """A draft, or a row never scheduled, in the row; unpaid in this save; and no deadline of
+        its own given by the save: the deadline starts now."""
+        return ((current[0] in self.TIMEOUT_DRAFT_STATUSES or self._never_scheduled(current))
+                and current[0] not in self.TIMEOUT_UNPAID_STATUSES and self.is_unpaid
                 and self.expires_at == current[1])
 
     def _keep_a_deadline_moved_meanwhile(self, current: Any) -> None:
@@ -258,18 +265,29 @@ class TimeoutOrderMixin(models.Model):
         if self.expires_at == loaded and current != loaded:
             self.expires_at = current
 
-    def _refuse_unsafe_move(self, current: Any) -> None:
+    def _refuse_unsafe_move(self, current: Any, deadline: Any = None, closed_at: Any = None) -> None:
+        """Refuse moving a row back into an unpaid status once the queue was done with it: closed by
+        its deadline, or scheduled and then settled. A row that never went through the queue (no
+        deadline ever, never closed: a draft, a framework's own first status) may enter unpaid
+        from any status, and its deadline starts then."""
         new = self.timeout_status
         if new == current:
             return
         name = f"{type(self).__name__} {self.pk!r}"
         unpaid = self.TIMEOUT_UNPAID_STATUSES
-        if new in unpaid and current not in unpaid and current not in self.TIMEOUT_DRAFT_STATUSES:
+        if new in unpaid and current not in unpaid and current not in self.TIMEOUT_DRAFT_STATUSES \
+                and not self._never_scheduled((current, deadline, closed_at)):
+            if closed_at is not None or current == self.TIMEOUT_CLOSED_STATUS:
+                case = (f"it was closed by its deadline{f' at {closed_at:%Y-%m-%d %H:%M:%S %Z}' if closed_at else ''}"
+                        f" and a closed order is not reopened")
+            else:
+                case = (f"it was scheduled (deadline {deadline:%Y-%m-%d %H:%M:%S %Z}) and then settled as "
+                        f"{current!r}, which is not before payment: a settled order does not go back on the "
+                        f"queue (if {current!r} does come before payment, declare it in "
+                        f"{type(self).__name__}.TIMEOUT_DRAFT_STATUSES)")
             raise StaleOrderStatus(
                 f"{name} is {current!r} in the database; refusing to move it back to the unpaid "
-                f"status {new!r} (it would be put back on the timeout queue). If {current!r} comes "
-                f"before payment (a draft), declare it in {type(self).__name__}."
-                "TIMEOUT_DRAFT_STATUSES.")
+                f"status {new!r}: {case}.")
         if current != self.TIMEOUT_CLOSED_STATUS:
             return
         if new == self.TIMEOUT_PAID_STATUS:

@@ -224,12 +224,41 @@ def test_a_draft_that_stays_a_draft_is_never_scheduled_or_closed(order_model, qu
 
 
 @use_shop
-def test_entering_pending_from_an_undeclared_status_is_refused_and_names_the_declaration(order_model):
+def test_a_row_never_scheduled_enters_pending_from_any_status_and_its_deadline_starts(order_model, queue):
+    """A framework's fixtures create an order in its own first status and save it unpaid (Saleor's
+    default, then "unconfirmed"): the row never went through the queue, so nothing is refused."""
     order = ShopOrder.objects.create(number="1007", status="Quote")
+    before = timezone.now()
 
     order.status = "Pending"
-    with pytest.raises(StaleOrderStatus, match="TIMEOUT_DRAFT_STATUSES"):
-        order.save()
+    order.save()
+
+    row = ShopOrder.objects.get(pk=order.pk)
+    assert row.status == "Pending" and row.expires_at >= before + timedelta(seconds=1799)
+    assert score_of(queue, str(order.pk)) == deadline_score(row.expires_at)
+
+
+@use_shop
+def test_a_row_scheduled_then_settled_is_refused_back_into_pending_and_the_error_says_so(order_model):
+    order = ShopOrder.objects.create(number="1008")  # Pending: scheduled
+    ShopOrder.objects.filter(pk=order.pk).update(status="Paid")
+    stale = ShopOrder.objects.get(pk=order.pk)
+
+    stale.status = "Pending"
+    with pytest.raises(StaleOrderStatus, match=r"scheduled \(deadline .*\) and then settled as 'Paid'.*"
+                                               "TIMEOUT_DRAFT_STATUSES"):
+        stale.save()
+
+
+@use_shop
+def test_a_row_closed_by_its_deadline_is_refused_back_into_pending_and_the_error_says_so(make_order, consumer):
+    order = make_order(in_seconds=-1)
+    consumer().run(once=True)
+    closed = ShopOrder.objects.get(pk=order.pk)
+
+    closed.status = "Pending"
+    with pytest.raises(StaleOrderStatus, match="closed by its deadline at .* is not reopened"):
+        closed.save()
 
 
 @use_shop
@@ -469,7 +498,7 @@ def test_new_orders_that_start_as_drafts_trigger_no_warning():
 
 
 @isolate_apps("testproject.shop")
-def test_a_new_order_in_an_initial_status_that_is_not_unpaid_triggers_the_warning():
+def test_a_new_order_in_an_initial_status_that_is_not_unpaid_is_scheduled_when_it_enters_unpaid():
     """The shop's base class came first in the MRO and brought its own status, default ''."""
 
     class ShopBase(models.Model):
@@ -487,8 +516,24 @@ def test_a_new_order_in_an_initial_status_that_is_not_unpaid_triggers_the_warnin
 
     messages = check_status_declarations(Order)
 
+    # Born in '', a row is scheduled when it enters Pending (a row never scheduled may): no warning.
+    assert [m.id for m in messages] == []
+
+
+@isolate_apps("testproject.shop")
+def test_a_new_order_born_paid_or_closed_triggers_the_warning():
+    class Order(TimeoutOrderMixin):
+        status = models.CharField(max_length=100, default="Paid")
+        TIMEOUT_UNPAID_STATUSES = ("Pending",)
+        TIMEOUT_PAID_STATUS = "Paid"
+
+        class Meta(TimeoutOrderMixin.Meta):
+            app_label = "shop"
+
+    messages = check_status_declarations(Order)
+
     assert [m.id for m in messages] == ["order_timeout.W001"]
-    assert "''" in messages[0].msg
+    assert "'Paid'" in messages[0].msg and "paid value" in messages[0].msg
 
 
 @isolate_apps("testproject.shop")
