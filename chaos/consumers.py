@@ -99,7 +99,10 @@ class ConsumerPool:
                     slot.proc.kill()
                     slot.proc.wait()
                 status = slot.proc.returncode
-                cause = STOPPED_BY_HARNESS if status in (0, -signal.SIGTERM, -signal.SIGKILL) else UNEXPECTED
+                # One stuck in a receiver cannot finish its batch: it exits 75 at the end too, as it would
+                # have a moment later (``hang-forever``'s last taker, stopped as its order is buried).
+                cause = (STOPPED_BY_HARNESS if status in (0, -signal.SIGTERM, -signal.SIGKILL)
+                         else EXITED_STUCK if status == EXIT_STUCK else UNEXPECTED)
                 self._account(slot, cause=cause)
 
     def _supervise(self) -> None:

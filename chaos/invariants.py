@@ -22,11 +22,20 @@ from django.db import connection
 from django.db.models import Field, Model
 
 from order_timeout import get_order_model
-from order_timeout.models import DeadLetter, Reminder
-from testproject.shop.models import ReminderEmail
+from order_timeout.models import DeadLetter, Deadline, Reminder
+from testproject.shop.models import (
+    OrderStatusChange,
+    PlainOrder,
+    ReminderEmail,
+    Return,
+    ShopOrder,
+    StockRecord,
+    StockReservation,
+)
 
-from .models import Delivery, Payment, Role, Settlement, Stranded
-from .story import Check, Cohort, Expect, Story
+from .kinds import COMPLETIONS, PLAIN_PAYMENT, RESERVATIONS
+from .models import Act, Delivery, Payment, Role, Settlement, ShopMove, Stranded, TimerRole
+from .story import Check, Cohort, Expect, KindCohort, Story
 
 EPOCH = datetime(1970, 1, 1)
 
@@ -278,9 +287,16 @@ def judge(story: Story, scan_seconds: float, more: list[Check]) -> Verdict:
     strays = sorted(set(counts) - named)
     checks.append(Check("every order is in a cohort the scenario judges", not strays,
                         f"cohorts not judged: {', '.join(strays)}"))
+    if story.kinds:
+        k = KindTables()
+        counts_of_kinds = kind_counts(k)
+        empty_kind = {"rows": 0, "acted": 0, "twice": 0, "settled": 0, "kept": 0, "acted_only": 0, "dead": 0}
+        figures += [kind_figures(k, cohort, counts_of_kinds.get((cohort.timer, cohort.name), empty_kind),
+                                 scan_seconds) for cohort in story.kinds]
+        checks += kind_checks(k, story.kinds)
     for row in figures:
-        checks.append(Check(f"{row.cohort}: every order {row.expect}", row.unsettled == 0,
-                            f"{row.unsettled} of {row.orders} are not"))
+        checks.append(Check(f"{row.cohort}: every {'order' if ': ' not in row.cohort else 'row'} {row.expect}",
+                            row.unsettled == 0, f"{row.unsettled} of {row.orders} are not"))
         if row.bound_seconds is not None:
             checks.append(Check(f"{row.cohort}: within the bound ({row.bound_path})", row.within_bound,
                                 f"max {row.after_heal_max:.2f} s > {row.bound_seconds:.1f} s"
@@ -307,7 +323,7 @@ def all_settled(story: Story) -> bool:
             return False
         if waiting and cohort_counts(t)[cohort.name]["dead"] < waiting:
             return False
-    return True
+    return kinds_settled(story)
 
 
 # -- payments that take time ---------------------------------------------------------------
@@ -431,3 +447,164 @@ def reminder_checks(leads_ms: list[int], owed_within: float) -> tuple[list[Check
                             unexplained == 0, f"{unexplained} of {owed_count} owed were lost, not held "
                             f"under a lease when a consumer was killed", timing=True))
     return checks, facts
+
+
+# -- the shop's declared timers (every-kind) ---------------------------------------------------
+
+
+class KindTables:
+    """Table names of the shop's declared timers' models and of the harness's records of them."""
+
+    def __init__(self) -> None:
+        self.role, self.act, self.move = TimerRole._meta.db_table, Act._meta.db_table, ShopMove._meta.db_table
+        self.reservation, self.stock = StockReservation._meta.db_table, StockRecord._meta.db_table
+        self.order, self.change, self.returns = (ShopOrder._meta.db_table, OrderStatusChange._meta.db_table,
+                                                 Return._meta.db_table)
+        self.plain, self.deadline = PlainOrder._meta.db_table, Deadline._meta.db_table
+        self.dead = DeadLetter._meta.db_table
+
+    @property
+    def acts(self) -> str:
+        """Acts per row: ``(timer, object_id, acts, first)``."""
+        return (f"(SELECT timer, object_id, COUNT(*) AS acts, MIN(acted_at) AS first FROM {self.act} "
+                f"GROUP BY timer, object_id)")
+
+
+# The moves by which the shop settles a row before its timer acts on it.
+SETTLING_MOVES = ("completed", "returned", "paid")
+
+
+def kind_counts(k: KindTables) -> dict[tuple[str, str], dict[str, int]]:
+    """Per (timer, cohort): rows, acted (at least once), twice, settled by the shop, settled and
+    never acted on, acted on and never settled, open dead letters."""
+    settled = (f"EXISTS (SELECT 1 FROM {k.move} m WHERE m.timer = r.timer AND m.object_id = r.object_id "
+               f"AND m.move IN ({', '.join(['%s'] * len(SETTLING_MOVES))}))")
+    acted = "COALESCE(a.acts, 0) >= 1"
+    sql = (f"SELECT r.timer, r.cohort, COUNT(*), SUM({acted}), SUM(COALESCE(a.acts, 0) > 1), SUM({settled}), "
+           f"SUM(NOT {acted} AND {settled}), SUM({acted} AND NOT {settled}), "
+           f"SUM(EXISTS (SELECT 1 FROM {k.dead} l WHERE l.timer = r.timer "
+           f"AND l.order_id = CAST(r.object_id AS CHAR) AND l.resolved_at IS NULL)) "
+           f"FROM {k.role} r LEFT JOIN {k.acts} a ON a.timer = r.timer AND a.object_id = r.object_id "
+           f"GROUP BY r.timer, r.cohort")
+    rows = _rows(sql, [*SETTLING_MOVES] * 3)
+    names = ("rows", "acted", "twice", "settled", "kept", "acted_only", "dead")
+    return {(row[0], row[1]): dict(zip(names, (int(value or 0) for value in row[2:]), strict=True))
+            for row in rows}
+
+
+def kind_unsettled(cohort: KindCohort, counts: dict[str, int]) -> int:
+    if cohort.acted is True:
+        return counts["rows"] - counts["acted_only"]
+    if cohort.acted is False:
+        return counts["rows"] - counts["kept"]
+    return counts["rows"] - counts["kept"] - counts["acted_only"]
+
+
+def kind_lateness(k: KindTables, cohort: KindCohort) -> list[tuple[int, float, float, datetime]]:
+    """(id, seconds from the deadline to the act, from max(deadline, the heal move), deadline) per
+    acted-on row of a cohort."""
+    rows = _rows(
+        f"SELECT r.object_id, r.deadline, TIMESTAMPDIFF(MICROSECOND, r.deadline, MIN(a.acted_at)), "
+        f"TIMESTAMPDIFF(MICROSECOND, GREATEST(r.deadline, COALESCE(MAX(m.at), r.deadline)), MIN(a.acted_at)) "
+        f"FROM {k.role} r JOIN {k.act} a ON a.timer = r.timer AND a.object_id = r.object_id "
+        f"LEFT JOIN {k.move} m ON m.timer = r.timer AND m.object_id = r.object_id AND m.move = %s "
+        f"WHERE r.timer = %s AND r.cohort = %s GROUP BY r.object_id, r.deadline",
+        [cohort.heal_move or "", cohort.timer, cohort.name])
+    return [(int(pk), late / 1e6, after / 1e6, due) for pk, due, late, after in rows]
+
+
+def kind_figures(k: KindTables, cohort: KindCohort, counts: dict[str, int], scan_seconds: float) -> CohortFigures:
+    late = kind_lateness(k, cohort)
+    bound = cohort.bound
+    measured = [row[2] if bound and bound.from_heal else row[1] for row in late]
+    limit = bound.total(scan_seconds) if bound else None
+    worst = max(measured, default=None)
+    return CohortFigures(
+        cohort=cohort.label, expect=cohort.expect, orders=counts["rows"], closed=counts["acted"],
+        dead_letters=counts["dead"], paid=counts["settled"], deleted=0,
+        unsettled=kind_unsettled(cohort, counts),
+        late_max=max((row[1] for row in late), default=None), late_p99=_p99([row[1] for row in late]),
+        after_heal_max=worst, bound_seconds=limit, bound_text=bound.describe(scan_seconds) if bound else "",
+        bound_path=bound.path if bound else "", within_bound=limit is None or worst is None or worst <= limit,
+        latest=[(row[0], round(row[1], 3)) for row in sorted(late, key=lambda row: -row[1])[:3]],
+        latest_by_second=_by_second(late),
+    )
+
+
+def kind_checks(k: KindTables, cohorts: list[KindCohort]) -> list[Check]:
+    """What must hold for the shop's declared timers, whatever the fault: each act once, none
+    early, none of a row the shop had settled, and the shop's receivers' effects once per act."""
+    twice = _count(f"SELECT COUNT(*) FROM {k.acts} a WHERE a.acts > 1")
+    early = _count(f"SELECT COUNT(*) FROM {k.act} a JOIN {k.role} r ON r.timer = a.timer "
+                   f"AND r.object_id = a.object_id WHERE a.acted_at < r.deadline")
+    strays = _count(f"SELECT COUNT(*) FROM {k.act} a WHERE NOT EXISTS (SELECT 1 FROM {k.role} r "
+                    f"WHERE r.timer = a.timer AND r.object_id = a.object_id)")
+    judged = {(cohort.timer, cohort.name) for cohort in cohorts}
+    unjudged = sorted(f"{timer}: {name}" for timer, name in _rows(f"SELECT DISTINCT timer, cohort FROM {k.role}", [])
+                      if (timer, name) not in judged)
+    # Reservations: the stock of every released one came back once, nobody else's.
+    stock = _count(
+        f"SELECT COUNT(*) FROM {k.stock} s LEFT JOIN (SELECT stockrecord_id, SUM(quantity) AS q "
+        f"FROM {k.reservation} WHERE state = 'released' GROUP BY stockrecord_id) g ON g.stockrecord_id = s.id "
+        f"WHERE s.num_in_stock - s.num_allocated <> COALESCE(g.q, 0)")
+    released = _count(
+        f"SELECT COUNT(*) FROM {k.reservation} x LEFT JOIN {k.acts} a ON a.timer = %s AND a.object_id = x.id "
+        f"WHERE (x.state = 'released') <> (COALESCE(a.acts, 0) = 1)", [RESERVATIONS])
+    while_completing = _count(
+        f"SELECT COUNT(*) FROM {k.act} a WHERE a.timer = %s "
+        f"AND EXISTS (SELECT 1 FROM {k.move} m WHERE m.timer = a.timer AND m.object_id = a.object_id "
+        f"AND m.move = 'completing' AND m.at <= a.acted_at) "
+        f"AND NOT EXISTS (SELECT 1 FROM {k.move} m WHERE m.timer = a.timer AND m.object_id = a.object_id "
+        f"AND m.move = 'abandoned' AND m.at <= a.acted_at)", [RESERVATIONS])
+    # Delivered orders: one status change per completion, none for an order with a return.
+    changes = _count(
+        f"SELECT COUNT(*) FROM {k.order} o LEFT JOIN (SELECT order_id, COUNT(*) AS n FROM {k.change} "
+        f"WHERE old_status = 'Delivered' AND new_status = 'Complete' GROUP BY order_id) c ON c.order_id = o.id "
+        f"LEFT JOIN {k.acts} a ON a.timer = %s AND a.object_id = o.id WHERE o.completes_at IS NOT NULL "
+        f"AND (COALESCE(c.n, 0) <> COALESCE(a.acts, 0) OR (o.status = 'Complete') <> (COALESCE(a.acts, 0) = 1))",
+        [COMPLETIONS])
+    returned = _count(f"SELECT COUNT(DISTINCT a.object_id) FROM {k.act} a JOIN {k.returns} x "
+                      f"ON x.order_id = a.object_id WHERE a.timer = %s", [COMPLETIONS])
+    # PlainOrders: cancelled once, at the act; a payment either wins (paid, never cancelled) or is refused.
+    cancelled = _count(
+        f"SELECT COUNT(*) FROM {k.plain} p LEFT JOIN {k.acts} a ON a.timer = %s AND a.object_id = p.id "
+        f"WHERE (p.status = 'cancelled') <> (COALESCE(a.acts, 0) = 1)", [PLAIN_PAYMENT])
+    both = _count(
+        f"SELECT COUNT(*) FROM {k.move} m JOIN {k.plain} p ON p.id = m.object_id "
+        f"LEFT JOIN {k.acts} a ON a.timer = m.timer AND a.object_id = m.object_id WHERE m.timer = %s AND "
+        f"((m.move = 'paid' AND (p.status <> 'paid' OR a.acts IS NOT NULL)) "
+        f"OR (m.move = 'refused' AND (p.status <> 'cancelled' OR a.acts IS NULL OR a.first > m.at)))",
+        [PLAIN_PAYMENT])
+    deadlines_left = _count(f"SELECT COUNT(*) FROM {k.deadline} WHERE timer = %s", [PLAIN_PAYMENT])
+    return [
+        Check("no act of a declared timer committed twice", twice == 0, f"{twice} rows acted on more than once"),
+        Check("no declared timer acted before its deadline (database clock)", early == 0,
+              f"{early} acts before the deadline"),
+        Check("every act of a declared timer is of a row the scenario judges", strays == 0 and not unjudged,
+              f"{strays} acts of rows without a role; cohorts not judged: {', '.join(unjudged)}"),
+        Check("every released reservation's stock given back once, no other's", stock == 0 and released == 0,
+              f"{stock} stock records off by what their released reservations hold, "
+              f"{released} reservations released without exactly one act (or the reverse)"),
+        Check("no reservation released while its checkout was completing", while_completing == 0,
+              f"{while_completing} released between their checkout's 'completing' and its end"),
+        Check("one status change per completed order, none for another", changes == 0,
+              f"{changes} delivered orders whose Complete status, status changes and acts disagree"),
+        Check("no order completed once a return was opened", returned == 0, f"{returned} completed with a return"),
+        Check("a PlainOrder is cancelled exactly when its timer acted", cancelled == 0,
+              f"{cancelled} PlainOrders cancelled without exactly one act (or the reverse)"),
+        Check("no PlainOrder both paid and cancelled: a payment wins, or is refused once it is cancelled", both == 0,
+              f"{both} payments that won on a cancelled order, or were refused on one not cancelled"),
+        Check("every PlainOrder deadline spent by its act or taken away by its payment", deadlines_left == 0,
+              f"{deadlines_left} Deadline rows left"),
+    ]
+
+
+def kinds_settled(story: Story) -> bool:
+    """Whether every declared timer's cohort has come to what it expects (polled while waiting)."""
+    if not story.kinds:
+        return True
+    k = KindTables()
+    counts = kind_counts(k)
+    empty = {"rows": 0, "acted": 0, "twice": 0, "settled": 0, "kept": 0, "acted_only": 0, "dead": 0}
+    return all(kind_unsettled(cohort, counts.get((cohort.timer, cohort.name), empty)) == 0
+               for cohort in story.kinds if cohort.acted is not False)

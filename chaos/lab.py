@@ -19,19 +19,27 @@ from typing import Any
 
 from django.conf import settings as django_settings
 from django.db import OperationalError, connection, connections
+from django.db.models import Model
 from django.test import override_settings
 from django.utils import timezone
 
 from order_timeout import get_order_model
 from order_timeout.exceptions import QueueUnavailable
-from order_timeout.models import DeadLetter, Reminder
+from order_timeout.models import DeadLetter, Deadline, Reminder
 from order_timeout.timers.watchdog import EXIT_STUCK
-from testproject.shop.models import ReminderEmail
+from testproject.shop.models import (
+    Checkout,
+    PlainOrder,
+    ReminderEmail,
+    ShopOrder,
+    StockRecord,
+    StockReservation,
+)
 
 from . import invariants, orders, queueview
 from .beat import Beat
 from .consumers import EXITED_IN_RECEIVER, EXITED_STUCK, ConsumerPool
-from .models import Delivery, Payment, Role, Settlement, Stranded
+from .models import Act, Delivery, Payment, Role, Settlement, ShopMove, Stranded, TimerRole
 from .servers import Servers
 from .story import Check, Story
 from .tuning import Sizes, Tuning
@@ -58,13 +66,17 @@ class Lab:
 
     def reset(self, *, aof: bool = False) -> None:
         """Empty tables, and a fresh Redis (with an append-only file if ``aof``)."""
-        model = get_order_model()
-        # A shop's order model may have rows pointing at it (status changes, lines).
-        tables = [model._meta.db_table, *(rel.related_model._meta.db_table
-                                          for rel in model._meta.related_objects),
-                  Delivery._meta.db_table, Role._meta.db_table, Payment._meta.db_table,
-                  Settlement._meta.db_table, Stranded._meta.db_table, DeadLetter._meta.db_table,
-                  Reminder._meta.db_table, ReminderEmail._meta.db_table]
+        # A shop's order model may have rows pointing at it (status changes, lines, returns), and
+        # so do the models of the shop's declared timers.
+        models: list[type[Model]] = [get_order_model(), ShopOrder, StockReservation, StockRecord, Checkout,
+                                     PlainOrder]
+        tables = list(dict.fromkeys([
+            *(table for model in models for table in (
+                model._meta.db_table, *(rel.related_model._meta.db_table for rel in model._meta.related_objects))),
+            Delivery._meta.db_table, Role._meta.db_table, Payment._meta.db_table,
+            Settlement._meta.db_table, Stranded._meta.db_table, DeadLetter._meta.db_table,
+            Reminder._meta.db_table, ReminderEmail._meta.db_table, Deadline._meta.db_table,
+            TimerRole._meta.db_table, ShopMove._meta.db_table, Act._meta.db_table]))
         connections.close_all()  # a fresh connection: the last scenario may have killed the server
         with connection.cursor() as cursor:
             cursor.execute("SET FOREIGN_KEY_CHECKS = 0")
@@ -183,8 +195,9 @@ class Lab:
         """
         last_deadline = self._last_deadline()
         start = max(filter(None, [last_deadline, story.heal_at]), default=timezone.now())
-        bounds = [cohort.bound.total(self.tuning.compensation_interval + 5)
-                  for cohort in story.cohorts if cohort.bound]
+        bounds = [bound.total(self.tuning.compensation_interval + 5)
+                  for bound in [*(cohort.bound for cohort in story.cohorts), *(cohort.bound for cohort in story.kinds)]
+                  if bound]
         give_up = start + timedelta(seconds=max(bounds, default=10.0) + PATIENCE)
         while timezone.now() < give_up:
             if self._settled(story):
@@ -195,9 +208,13 @@ class Lab:
         return story
 
     def _last_deadline(self) -> datetime | None:
+        """The latest deadline of any kind: an order's, or a row's of one of the shop's timers."""
         model = get_order_model()
-        return self._retrying(lambda: model._base_manager.order_by("-expires_at")
-                              .values_list("expires_at", flat=True).first())
+        order = self._retrying(lambda: model._base_manager.order_by("-expires_at")
+                               .values_list("expires_at", flat=True).first())
+        other = self._retrying(lambda: TimerRole.objects.order_by("-deadline")
+                               .values_list("deadline", flat=True).first())
+        return max(filter(None, [order, other]), default=None)
 
     def _settled(self, story: Story) -> bool:
         return bool(self._retrying(lambda: invariants.all_settled(story)))
@@ -236,8 +253,8 @@ class Lab:
         return [
             Check("no consumer crashed", not crashes,
                   "; ".join(f"consumer {e.slot} (pid {e.pid}) exited {e.status}" for e in crashes[:5])),
-            Check("Redis drained: nothing pending or leased at the end", bool(self.queue_drained),
-                  "members left in Redis after every order settled"),
+            Check("Redis drained: nothing pending or leased at the end, of any kind", bool(self.queue_drained),
+                  "members left in Redis after every row settled"),
         ]
 
     def consumer_facts(self) -> dict[str, Any]:

@@ -93,3 +93,57 @@ class Stranded(models.Model):
     order_id = models.BigIntegerField(db_index=True)
     lead_ms = models.BigIntegerField()
     killed_at = models.DateTimeField()
+
+
+# -- the shop's declared timers (the every-kind scenario) ---------------------------------------
+
+
+class TimerRole(models.Model):
+    """Which cohort a row of a declared timer's model is counted in, and the deadline it was given
+    (a ``PlainOrder``'s lives in the app's ``Deadline`` table, which its act deletes)."""
+
+    timer = models.CharField(max_length=64)
+    object_id = models.BigIntegerField()
+    cohort = models.CharField(max_length=60, db_index=True)
+    deadline = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["timer", "object_id"], name="chaos_timerrole_once")]
+
+
+class ShopMove(models.Model):
+    """What the harness did to such a row as the shop would, and what came of it.
+
+    Written as the last statement of the move's own transaction: ``at`` is the database's
+    clock just before that commit.
+    """
+
+    class Move(models.TextChoices):
+        COMPLETING = "completing"  # its checkout started completing: the reservation is held
+        COMPLETED = "completed"    # the checkout completed: the reservation used, under its row lock
+        ABANDONED = "abandoned"    # the checkout gave up completing: the reservation may lapse
+        RETURNED = "returned"      # a return opened for a delivered order, under the order's lock
+        PAID = "paid"              # a PlainOrder saved as paid, its deadline taken away
+        REFUSED = "refused"        # that save raised OrderClosed: the order was cancelled already
+        TOO_LATE = "too late"      # completing, completed or returned found the row acted on already
+
+    timer = models.CharField(max_length=64)
+    object_id = models.BigIntegerField(db_index=True)
+    move = models.CharField(max_length=12, choices=Move.choices)
+    at = models.DateTimeField()
+
+
+class Act(models.Model):
+    """One act of a declared timer that committed: written by a trigger on the row's UPDATE
+    (migration 0003), so inside the act's transaction, with the database's clock.
+
+    Only the act moves a row so (reservation held -> released, order Delivered -> Complete,
+    PlainOrder pending -> cancelled): two rows for one object are two acts that committed.
+    """
+
+    timer = models.CharField(max_length=64)
+    object_id = models.BigIntegerField()
+    acted_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["timer", "object_id"])]

@@ -18,10 +18,16 @@ from order_timeout import get_order_model
 from order_timeout.queue import TimeoutQueue
 from order_timeout.queue.keys import CLOSE, REMIND
 from order_timeout.timers.members import deadline_score, now_score, order_member, reminder_member
+from order_timeout.timers.registry import registry
 
 
 def _queue(kind: str = CLOSE) -> TimeoutQueue:
     return TimeoutQueue.from_settings(kind)
+
+
+def _kinds() -> list[str]:
+    """Every kind's queue: the order close, the reminders and each timer the shop declared."""
+    return [CLOSE, REMIND, *(timer.key_space for timer in registry.declared())]
 
 
 def member_of(pk: Any) -> str:
@@ -51,15 +57,16 @@ def inject_poison(due: datetime, tag: str) -> int:
 def quarantined() -> int:
     """Members in the quarantine of every shard and kind."""
     now = now_score(timezone.now())
-    return sum(_queue(kind).stats(now).quarantined for kind in (CLOSE, REMIND))
+    return sum(_queue(kind).stats(now).quarantined for kind in _kinds())
 
 
 def queued(besides: Iterable[str] = ()) -> int:
-    """Members pending or leased, closes and reminders, in every shard, other than ``besides``
-    (close members that rightly stay: orders held by a payment still in flight)."""
+    """Members pending or leased, of every kind (closes, reminders, the shop's timers), in every
+    shard, other than ``besides`` (close members that rightly stay: orders held by a payment
+    still in flight)."""
     now = now_score(timezone.now())
     count = 0
-    for kind in (CLOSE, REMIND):
+    for kind in _kinds():
         stats = _queue(kind).stats(now)
         count += stats.pending + stats.leased
     return count - len(present_among(besides))

@@ -27,7 +27,7 @@ def markdown(run: dict[str, Any]) -> str:
         f"{tuning['compensation_grace']:g}, COMPENSATION_INTERVAL {tuning['compensation_interval']:g}, "
         f"BATCH_SIZE {tuning['batch_size']}, HOLD_RECHECK {tuning.get('hold_recheck', 30):g}; "
         f"REMINDERS [{', '.join(f'{lead:g}' for lead in tuning.get('reminders', ()))}] in `reminders` "
-        f"only; "
+        f"and `every-kind` only; "
         f"order model {tuning['order_model']}.",
         "",
         "| scenario | cohort | must end | orders | closed | dead letters | paid | max late (s) "

@@ -22,12 +22,13 @@ from django.db.models import Count, Model
 from order_timeout import get_order_model
 from order_timeout.models import Reminder
 
-from . import bounds, invariants, orders, queueview
+from . import bounds, invariants, kinds, orders, queueview
+from .consumers import ConsumerPool
 from .lab import Lab
-from .models import Delivery, Payment, Role, Settlement, Stranded
+from .models import Delivery, Payment, Role, Settlement, ShopMove, Stranded
 from .processes import repeatedly
 from .receivers import EXIT_STATUS
-from .story import Check, Cohort, Expect, Story
+from .story import Check, Cohort, Expect, KindCohort, Story
 
 CONSUMERS = 4
 # How long Redis or MariaDB stays down (or frozen) in the outage scenarios.
@@ -380,17 +381,7 @@ def reminders(lab: Lab) -> Story:
         plan |= {pk: due[pk] - second * random.uniform(last + 0.3, first - 0.3) for pk in between}
         plan |= {pk: due[pk] - second * (random.choice(leads) + random.uniform(-0.1, 0.1)) for pk in as_due}
         stranded: list[Stranded] = []
-
-        def kill_and_note() -> None:
-            kills = pool.kills
-            pool.kill_one()
-            if pool.kills == kills:
-                return
-            killed_at = lab.now()
-            for pk, lead in queueview.leased_reminders(_reminders_near(due, leads, killed_at, t.lease_seconds)):
-                stranded.append(Stranded(order_id=pk, lead_ms=lead, killed_at=killed_at))
-
-        with repeatedly(1.0, kill_and_note):
+        with repeatedly(1.0, _kill_noting_reminders(lab, pool, due, leads, stranded)):
             orders.pay_at(plan, threads=8)
             lab.wait_until(lab.after(created.last_deadline, t.lease_seconds))
         Stranded.objects.bulk_create(stranded, batch_size=orders.CHUNK)
@@ -409,6 +400,23 @@ def reminders(lab: Lab) -> Story:
     return story
 
 
+def _kill_noting_reminders(lab: Lab, pool: ConsumerPool, due: dict[int, datetime], leads: list[float],
+                           stranded: list[Stranded]) -> Callable[[], None]:
+    """Kill a consumer, and note right after the reminders under lease (``Stranded``): a short one
+    whose consumer died holding it is taken over after its deadline and dropped, by design."""
+
+    def kill_and_note() -> None:
+        kills = pool.kills
+        pool.kill_one()
+        if pool.kills == kills:
+            return
+        killed_at = lab.now()
+        for pk, lead in queueview.leased_reminders(_reminders_near(due, leads, killed_at, lab.tuning.lease_seconds)):
+            stranded.append(Stranded(order_id=pk, lead_ms=lead, killed_at=killed_at))
+
+    return kill_and_note
+
+
 def _reminders_near(due: dict[int, datetime], leads: list[float], moment: datetime,
                     lease: float) -> list[tuple[int, int]]:
     """The reminders, ``(pk, lead_ms)``, a consumer may hold at ``moment``: fallen due by then,
@@ -416,6 +424,156 @@ def _reminders_near(due: dict[int, datetime], leads: list[float], moment: dateti
     soon, since = moment + timedelta(seconds=0.1), moment - timedelta(seconds=lease + 1)
     return [(pk, round(1000 * lead)) for pk, deadline in due.items() for lead in leads
             if deadline - timedelta(seconds=lead) <= soon and deadline >= since]
+
+
+# -- every kind of timer at once ------------------------------------------------------------
+
+LAPSES = "lapses"
+HELD_COMPLETED = "held, then completed"
+HELD_ABANDONED = "held, then abandoned"
+COMPLETES = "completes"
+RETURNED = "return opened"
+PLAIN_NEVER_PAID = "never paid"
+PLAIN_PAID_EARLY = "paid before its deadline"
+PLAIN_PAID_AT = "paid at its deadline"
+PLAIN_PAID_LATE = "paid once cancelled"
+# Seconds before (or after) the deadline at which the shop makes its moves.
+BEFORE = (0.5, 1.5)
+AFTER = (0.2, 2.5)
+# set_deadline() calls a second the harness counts on (4 threads), to give every PlainOrder its
+# deadline before the first falls due.
+DEADLINES_PER_SECOND = 400
+
+
+@scenario("every-kind", "the order close, reminders, stock reservations lapsing, delivered orders completing and "
+                        "PlainOrder payment deadlines, all falling due while a consumer is killed every ~1 s")
+def every_kind(lab: Lab) -> Story:
+    """Every kind of timer the test project has, at once, under the sigkill loop.
+
+    A quarter of the run's rows each, their deadlines mixed over the same seconds:
+
+    - orders with ``REMINDERS`` (6 s and 1 s, as in ``reminders``): half never paid, half paid
+      by a thread between their two reminders;
+    - stock reservations (``reservation-lapses``): a tenth whose checkout starts completing
+      0.5-1.5 s before the deadline and completes 0.2-2.5 s after it (held meanwhile: never
+      released), a tenth whose checkout is abandoned then (released at the next look); the
+      rest lapse, their stock back;
+    - delivered orders (``complete-after-delivery``): a fifth with a return opened 0.5-1.5 s
+      before the deadline (never completed); the rest complete, one status change each;
+    - PlainOrders (``plain-order-payment``, deadlines in the app's table through
+      ``set_deadline()``): a fifth paid 0.5-1.5 s before the deadline, a tenth within 0.1 s of
+      it (paid or cancelled, never both), a tenth paid once cancelled, one to two bounds after
+      the deadline (refused with ``OrderClosed``); the rest cancelled.
+
+    A move meant for before a deadline that the harness makes after it (behind its plan on a
+    busy machine) may meet the row acted on: such rows are judged "one or the other, not both".
+    """
+    t, sizes = lab.tuning, lab.sizes
+    leads = sorted(t.reminders, reverse=True)
+    first, last = leads[0], leads[-1]
+    death = bounds.consumer_death(t)
+    share, spread = sizes.orders // 4, 2 * sizes.spread
+    tenth, fifth = max(1, share // 10), max(1, share // 5)
+    with (lab.payment_settings(reminders=True) as env,
+          lab.consumers(CONSUMERS, CHAOS_DELIVERY_DELAY=0.002, **env) as pool, lab.beat(**env)):
+        began = lab.now()
+        # The earliest deadline once every row has one, and its first reminder's moment still ahead.
+        start = began + timedelta(seconds=sizes.lead + first + 1 + share / DEADLINES_PER_SECOND)
+        plain = kinds.create_plain_orders(_spread_from(start, share, spread), {
+            PLAIN_NEVER_PAID: 0, PLAIN_PAID_EARLY: fifth, PLAIN_PAID_AT: tenth, PLAIN_PAID_LATE: tenth})
+        reservations = kinds.create_reservations(_spread_from(start, share, spread), {
+            LAPSES: 0, HELD_COMPLETED: tenth, HELD_ABANDONED: tenth})
+        deliveries = kinds.create_deliveries(_spread_from(start, share, spread), {COMPLETES: 0, RETURNED: fifth})
+        created = lab.create_orders(share, spread=spread, lead=(start - lab.now()).total_seconds(),
+                                    cohort=NEVER_PAID)
+        ready = lab.now()
+        due = _deadlines(created.ids)
+        paying = random.sample(created.ids, len(created.ids) // 2)
+        orders.assign(paying, PAID_BETWEEN)
+        second = timedelta(seconds=1)
+        payments = {pk: due[pk] - second * random.uniform(last + 0.3, first - 0.3) for pk in paying}
+
+        def before(moment: datetime) -> datetime:
+            return moment - second * random.uniform(*BEFORE)
+
+        def after(moment: datetime) -> datetime:
+            return moment + second * random.uniform(*AFTER)
+
+        moves = [
+            *((before(at), kinds.start_completing, pk) for cohort in (HELD_COMPLETED, HELD_ABANDONED)
+              for pk, at in reservations.of(cohort).items()),
+            *((after(at), kinds.complete, pk) for pk, at in reservations.of(HELD_COMPLETED).items()),
+            *((after(at), kinds.abandon, pk) for pk, at in reservations.of(HELD_ABANDONED).items()),
+            *((before(at), kinds.open_return, pk) for pk, at in deliveries.of(RETURNED).items()),
+            *((before(at), kinds.pay_plain_order, pk) for pk, at in plain.of(PLAIN_PAID_EARLY).items()),
+            *((at + second * random.uniform(-0.1, 0.1), kinds.pay_plain_order, pk)
+              for pk, at in plain.of(PLAIN_PAID_AT).items()),
+        ]
+        # Paid once cancelled: after the bound, and then only once the order is cancelled (in threads
+        # of their own, as each may wait for it).
+        once_cancelled = [(at + second * random.uniform(1, 2) * death.total(0.0), kinds.pay_once_cancelled, pk)
+                          for pk, at in plain.of(PLAIN_PAID_LATE).items()]
+        stranded: list[Stranded] = []
+        with repeatedly(1.0, _kill_noting_reminders(lab, pool, due, leads, stranded)):
+            kinds.alongside(lambda: orders.pay_at(payments, threads=4), lambda: kinds.at_moments(moves, threads=6),
+                            lambda: kinds.at_moments(once_cancelled, threads=2))
+            lab.wait_until(lab.after(max(created.last_deadline, start + timedelta(seconds=spread)),
+                                     t.lease_seconds))
+        Stranded.objects.bulk_create(stranded, batch_size=orders.CHUNK)
+        # A move meant for before the deadline that came after it (the harness behind its plan on a
+        # busy machine) may find the row acted on: those rows are judged "one or the other".
+        late = {(timer, cohort, either): kinds.count_late_moves(timer, cohort, f"{cohort}, its move late")
+                for timer, cohort, either in ((kinds.RESERVATIONS, HELD_COMPLETED, "used or released"),
+                                              (kinds.COMPLETIONS, RETURNED, "returned or completed"),
+                                              (kinds.PLAIN_PAYMENT, PLAIN_PAID_EARLY, "paid or cancelled"))}
+        late_moves = [KindCohort(timer, f"{cohort}, its move late", None, f"{either}, not both", death)
+                      for (timer, cohort, either), count in late.items() if count]
+        story = lab.settle(Story(
+            [Cohort(NEVER_PAID, Expect.CLOSED, death), Cohort(PAID_BETWEEN, Expect.PAID_OR_CLOSED, death)],
+            kinds=[
+                KindCohort(kinds.RESERVATIONS, LAPSES, True, "released, its stock back", death),
+                KindCohort(kinds.RESERVATIONS, HELD_COMPLETED, False, "used, never released", None),
+                KindCohort(kinds.RESERVATIONS, HELD_ABANDONED, True, "released once abandoned",
+                           bounds.hold_released(t), heal_move=ShopMove.Move.ABANDONED),
+                KindCohort(kinds.COMPLETIONS, COMPLETES, True, "completed", death),
+                KindCohort(kinds.COMPLETIONS, RETURNED, False, "never completed", None),
+                KindCohort(kinds.PLAIN_PAYMENT, PLAIN_NEVER_PAID, True, "cancelled", death),
+                KindCohort(kinds.PLAIN_PAYMENT, PLAIN_PAID_EARLY, False, "paid, never cancelled", None),
+                KindCohort(kinds.PLAIN_PAYMENT, PLAIN_PAID_AT, None, "paid or cancelled, not both", death),
+                KindCohort(kinds.PLAIN_PAYMENT, PLAIN_PAID_LATE, True, "cancelled, its payment refused", death),
+                *late_moves,
+            ]))
+    checks, facts = invariants.reminder_checks([round(1000 * lead) for lead in leads], death.total(0.0))
+    refused = ShopMove.objects.filter(timer=kinds.PLAIN_PAYMENT, object_id__in=list(plain.of(PLAIN_PAID_LATE)),
+                                      move=ShopMove.Move.REFUSED).count()
+    story.checks += [
+        *checks,
+        Check("every save as paid of a cancelled PlainOrder raised OrderClosed", refused == tenth,
+              f"{refused} of {tenth} refused"),
+        Check("the shop's moves meant for before a deadline came before it", not any(late.values()),
+              f"{sum(late.values())} came after it (the harness behind its plan): judged 'one or the other'",
+              timing=True),
+        Check("every row had its deadline before the first fell due", ready < start,
+              f"the last came {(ready - start).total_seconds():.2f} s after it", timing=True),
+        Check("consumers were killed while deadlines of every kind passed", pool.kills > 0),
+    ]
+    moved = dict(ShopMove.objects.values_list("move").annotate(count=Count("id")))
+    story.facts.update({
+        **facts, "rows of each kind": share,
+        "shop's moves (completing, completed, abandoned, returned, paid, refused)": ", ".join(
+            str(moved.get(move, 0)) for move in ("completing", "completed", "abandoned", "returned", "paid",
+                                                 "refused")),
+        "payments of orders refused (refund)": Payment.objects.filter(outcome=Payment.Outcome.REFUND).count(),
+        "leased reminders noted at kills": len(stranded)})
+    return story
+
+
+def _spread_from(start: datetime, count: int, spread: float) -> list[datetime]:
+    """``count`` deadlines evenly over ``spread`` seconds from ``start``, shuffled."""
+    step = spread / max(1, count)
+    due = [start + timedelta(seconds=i * step) for i in range(count)]
+    random.shuffle(due)
+    return due
 
 
 MALFORMED = ["", "abc", " 7", "07", "+7", "7.0", "1e3", "-0", "٣", "7\n", "[7]", "None", "🙂",

@@ -37,6 +37,27 @@ class Cohort:
 
 
 @dataclass(frozen=True)
+class KindCohort:
+    """Rows of one of the shop's declared timers counted together (by their ``TimerRole.cohort``)."""
+
+    timer: str
+    name: str
+    # True: acted on by the timer exactly once; False: never (the shop settled it first);
+    # None: one or the other (a move raced the deadline), never both.
+    acted: bool | None
+    # What every row must have come to, in words (the table's "must end").
+    expect: str
+    bound: Bound | None
+    # The bound runs from the later of the deadline and this move of the shop (``ShopMove``):
+    # the moment a hold ended.
+    heal_move: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.timer}: {self.name}"
+
+
+@dataclass(frozen=True)
 class Check:
     """One scenario-specific invariant, already decided."""
 
@@ -61,3 +82,5 @@ class Story:
     # Orders whose members rightly stay in Redis at the end: held by a payment still
     # in flight, looked at again every HOLD_RECHECK. Redis drains of everything else.
     held: list[int] = field(default_factory=list)
+    # The rows of the shop's declared timers, judged as the orders are (``every-kind``).
+    kinds: list[KindCohort] = field(default_factory=list)

@@ -1,0 +1,109 @@
+--[[
+  Claim due members into the lease set, atomically and in a bounded batch.
+
+  KEYS[1] pending    sorted set: member = order id, score = deadline (ms)
+  KEYS[2] leased     sorted set: member = order id, score = lease expiry (ms)
+  KEYS[3] owners     hash: member = order id, value = token of the claim holding its lease
+  KEYS[4] takeovers  hash: member = order id, value = times its lease was taken over
+  ARGV[1] now        (ms): members with score <= now are due, leases <= now expired
+  ARGV[2] limit      most members to claim
+  ARGV[3] until      (ms): lease expiry given to every claimed member
+  ARGV[4] token      this claim's token: ack, retry and reschedule must show it
+  ARGV[5] turn       "takeover": expired leases first; "due": due pending members first
+                     (the consumer alternates, so neither waits behind all of the other)
+
+  Returns { next, takeovers, member... }:
+  - An expired lease (its consumer died, froze or hung) is taken over alone:
+    one member, its takeover count raised by one and returned as
+    `takeovers`. Whatever killed that consumer can then only stall itself.
+  - Or the due pending members, at most `limit`, deadline first. A
+    member taken over before is claimed alone as well: the batch stops
+    before it, or, when it comes first, it is the batch (`takeovers` is then
+    its count).
+  - Nothing claimed: `next` is the earliest score in either set ("" when both
+    are empty), so an idle consumer learns how long to sleep from the same
+    call; `takeovers` is 0.
+]]
+local rcall = redis.call
+local pending, leased, owners, takeovers = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local now, limit, lease_until, token, turn = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
+local now_number = tonumber(now)
+-- unpack() is bounded by Lua's C stack, so large batches go in slices.
+local step = 500
+
+-- The earliest { score string, number } of a set, or nil when it is empty.
+local function first(key)
+  local entry = rcall('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if #entry == 0 then return nil end
+  return { entry[2], tonumber(entry[2]) }
+end
+
+local function earliest(a, b)
+  if a == nil then return b end
+  if b == nil or a[2] <= b[2] then return a end
+  return b
+end
+
+local function lease(members)
+  for i = 1, #members, step do
+    local scored, owned = {}, {}
+    for j = i, math.min(i + step - 1, #members) do
+      scored[#scored + 1] = lease_until
+      scored[#scored + 1] = members[j]
+      owned[#owned + 1] = members[j]
+      owned[#owned + 1] = token
+    end
+    rcall('ZADD', leased, unpack(scored))
+    rcall('HSET', owners, unpack(owned))
+  end
+end
+
+-- Look before ranging: an idle claim costs two O(log n) reads and nothing else.
+local first_leased, first_pending = first(leased), first(pending)
+
+local function take_over()
+  local member = rcall('ZRANGEBYSCORE', leased, '-inf', now, 'LIMIT', 0, 1)[1]
+  local count = rcall('HINCRBY', takeovers, member, 1)
+  lease({ member })
+  return { '', count, member }
+end
+
+local function claim_due()
+  local due = rcall('ZRANGEBYSCORE', pending, '-inf', now, 'LIMIT', 0, limit)
+  -- Where the first member taken over before sits in the batch, if any.
+  local tainted_at, tainted_count = nil, 0
+  if rcall('HLEN', takeovers) > 0 then
+    for i = 1, #due, step do
+      local counts = rcall('HMGET', takeovers, unpack(due, i, math.min(i + step - 1, #due)))
+      for j = 1, #counts do
+        if counts[j] then
+          tainted_at, tainted_count = i + j - 1, tonumber(counts[j])
+          break
+        end
+      end
+      if tainted_at then break end
+    end
+  end
+  local batch = due
+  if tainted_at == 1 then
+    batch = { due[1] }
+  elseif tainted_at then
+    batch, tainted_count = {}, 0
+    for i = 1, tainted_at - 1 do batch[i] = due[i] end
+  end
+  for i = 1, #batch, step do
+    rcall('ZREM', pending, unpack(batch, i, math.min(i + step - 1, #batch)))
+  end
+  lease(batch)
+  local reply = { '', tainted_count }
+  for _, member in ipairs(batch) do reply[#reply + 1] = member end
+  return reply
+end
+
+local expired = first_leased and first_leased[2] <= now_number
+local due = first_pending and first_pending[2] <= now_number
+if expired and (turn ~= 'due' or not due) then return take_over() end
+if due then return claim_due() end
+
+local next_entry = earliest(first_pending, first_leased)
+return { next_entry and next_entry[1] or '', 0 }
