@@ -82,6 +82,15 @@ DEFAULTS: dict[str, Any] = {
     # returning one. Evaluated in the closing transaction's locking SELECT; an
     # order that matches it at its deadline is held, not closed. None: no holds.
     "HOLD_CONDITION": None,
+    # Paid by another column: a Q over the order model (Q(charge_status="full")), or the dotted
+    # path of a callable returning one. An unpaid order that matches it is settled for every
+    # promise, whatever its status says: never closed, never held toward MAX_HOLD, no reminder.
+    # Evaluated in the same locking SELECT as HOLD_CONDITION. None: the status alone decides.
+    "SETTLED_CONDITION": None,
+    # Fields of the order model the close writes besides the status, closed_at and close_reason,
+    # each "time" (the database's time of the close) or "reason" (timeout, hold_expired): a
+    # framework's own expiry columns (Saleor's expired_at: {"expired_at": "time"}).
+    "CLOSE_FIELDS": {},
     # Seconds between two looks at a held order (closed at the first look after
     # its hold ended while it is still unpaid).
     "HOLD_RECHECK": 30,
@@ -107,6 +116,8 @@ DEFAULTS: dict[str, Any] = {
 }
 
 MAX_BATCH_SIZE = 10_000
+# What a field of CLOSE_FIELDS gets: the database's time of the close, or its reason.
+CLOSE_FIELD_VALUES = ("time", "reason")
 # The longest any setting of seconds may be: a century. Past it a deadline (now + it) soon
 # leaves what a datetime, a Redis score and a thread's wait can hold; no shop needs more.
 MAX_SECONDS = 100 * 365 * 86_400
@@ -240,6 +251,14 @@ def _hold_condition(key: str, value: Any) -> None:
     _import(key, value)
 
 
+def _close_fields(key: str, value: Any) -> None:
+    if not isinstance(value, dict) or not all(
+            isinstance(name, str) and name and what in CLOSE_FIELD_VALUES for name, what in value.items()):
+        raise _setting_error(key, f"must be a dict of the order model's field names to one of "
+                                  f"{', '.join(map(repr, CLOSE_FIELD_VALUES))}, e.g. {{'expired_at': 'time'}}, "
+                                  f"got {value!r}.")
+
+
 def _reminders(key: str, value: Any) -> None:
     if not isinstance(value, (list, tuple)) or not all(_seconds(seconds) for seconds in value) \
             or len(set(value)) != len(value):
@@ -276,6 +295,8 @@ VALIDATORS: dict[str, Callable[[str, Any], None]] = {
     "METRICS_TOKEN": _token,
     "DEAD_LETTER_TRACEBACKS": _bool,
     "HOLD_CONDITION": _hold_condition,
+    "SETTLED_CONDITION": _hold_condition,
+    "CLOSE_FIELDS": _close_fields,
     "HOLD_RECHECK": _positive_number,
     "MAX_HOLD": _optional_non_negative_number,
     "DEADLINE_POLICY": _callable_path,
@@ -326,19 +347,24 @@ class OrderTimeoutSettings:
 
         ``ImproperlyConfigured`` naming the key when the callable raises or returns no Q.
         """
-        value = self.HOLD_CONDITION
+        return self._condition("HOLD_CONDITION")
+
+    def settled_condition(self) -> Q | None:
+        """The settled condition as a Q (a dotted path's callable is called now), or None."""
+        return self._condition("SETTLED_CONDITION")
+
+    def _condition(self, key: str) -> Q | None:
+        value = self.load()[key]
         if value is None or isinstance(value, Q):
             return value
         try:
-            condition = _import("HOLD_CONDITION", value)()
+            condition = _import(key, value)()
         except ImproperlyConfigured:
             raise
         except Exception as exc:
-            raise _setting_error("HOLD_CONDITION", f"names {value!r}, which raised "
-                                                   f"{type(exc).__name__}: {exc}") from exc
+            raise _setting_error(key, f"names {value!r}, which raised {type(exc).__name__}: {exc}") from exc
         if not isinstance(condition, Q):
-            raise _setting_error("HOLD_CONDITION", f"names {value!r}, which returned "
-                                                   f"{type(condition).__name__}, not a Q object.")
+            raise _setting_error(key, f"names {value!r}, which returned {type(condition).__name__}, not a Q object.")
         return condition
 
     def deadline_policy(self) -> Callable[[Any], Any] | None:

@@ -49,16 +49,19 @@ class LockedOrders:
     held: set[Any] = field(default_factory=set)
     # Rows that still meet the kind's condition (all of them, when it asked for no subquery).
     pending: set[Any] = field(default_factory=set)
+    # Rows its settled condition says are settled (paid by another column): never acted on.
+    settled: set[Any] = field(default_factory=set)
     # Each row's deadline, as the kind keeps it (filled in by the kind).
     deadlines: dict[Any, Any] = field(default_factory=dict)
 
 
-def lock_orders(manager: Any, pks: Sequence[Any], *, hold: Q | None = None,
-                pending: Q | None = None) -> LockedOrders:
+def lock_orders(manager: Any, pks: Sequence[Any], *, hold: Q | None = None, pending: Q | None = None,
+                settled: Q | None = None) -> LockedOrders:
     """Lock ``pks``' rows inside the caller's transaction, skipping those locked elsewhere.
 
-    ``hold`` and ``pending`` become subqueries of the same statement: whether each row is held,
-    and whether it still meets the kind's condition (never a query per row).
+    ``hold``, ``pending`` and ``settled`` become subqueries of the same statement: whether each
+    row is held, still meets the kind's condition, is settled by another column (never a query
+    per row).
     """
     skip_locked = connections[manager.db].features.has_select_for_update_skip_locked
     # The database's clock, read by the same statement on one row (the first asked for):
@@ -72,6 +75,8 @@ def lock_orders(manager: Any, pks: Sequence[Any], *, hold: Q | None = None,
         locked = locked.annotate(_timeout_held=_held(manager.model, hold))
     if pending is not None:
         locked = locked.annotate(_timer_pending=_held(manager.model, pending))
+    if settled is not None:
+        locked = locked.annotate(_timer_settled=_held(manager.model, settled))
     found = LockedOrders(rows={order.pk: order for order in locked})
     found.db_now = next((order._timeout_db_now for order in found.rows.values()
                          if order._timeout_db_now is not None), None)
@@ -81,6 +86,8 @@ def lock_orders(manager: Any, pks: Sequence[Any], *, hold: Q | None = None,
     found.held = {pk for pk, order in found.rows.items() if getattr(order, "_timeout_held", False)}
     found.pending = ({pk for pk, order in found.rows.items() if order._timer_pending} if pending is not None
                      else set(found.rows))
+    found.settled = ({pk for pk, order in found.rows.items() if order._timer_settled} if settled is not None
+                     else set())
     absent = [pk for pk in pks if pk not in found.rows]
     if absent:
         found.busy = set(manager.filter(pk__in=absent).values_list("pk", flat=True))

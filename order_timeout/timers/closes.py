@@ -34,11 +34,19 @@ class OnOrderModel(Timer):
 
     def __init__(self, model: Any = None) -> None:
         self._model = model
+        # (ORDER_MODEL, its model) as last looked up: the lifecycle asks for the model per member.
+        self._order_model: tuple[str, Any] = ("", None)
         super().__init__()
 
     @property
     def model(self) -> Any:  # type: ignore[override]
-        return self._model or get_order_model()
+        if self._model is not None:
+            return self._model
+        label, model = self._order_model
+        if label != settings.ORDER_MODEL:
+            self._order_model = (settings.ORDER_MODEL, get_order_model())
+            model = self._order_model[1]
+        return model
 
     @property
     def pending(self) -> Q:  # type: ignore[override]
@@ -47,8 +55,11 @@ class OnOrderModel(Timer):
     def hold_condition(self) -> Q | None:
         return settings.hold_condition()
 
+    def settled_condition(self) -> Q | None:
+        return settings.settled_condition()
+
     def validate(self) -> None:
-        pass  # HOLD_CONDITION: check E013, and validate_hold_condition() when a consumer starts
+        pass  # HOLD_CONDITION, SETTLED_CONDITION: check E013, and validate_conditions() when a consumer starts
 
 
 class OrderTimeout(OnOrderModel):
@@ -75,7 +86,7 @@ class OrderTimeout(OnOrderModel):
         return f"order={key}"
 
     def lock(self, manager: Any, pks: Any) -> LockedOrders:
-        locked = lock_orders(manager, pks, hold=self.hold_condition())
+        locked = lock_orders(manager, pks, hold=self.hold_condition(), settled=self.settled_condition())
         locked.deadlines = {pk: order.expires_at for pk, order in locked.rows.items()}
         return locked
 
@@ -106,10 +117,11 @@ class OrderTimeout(OnOrderModel):
         for reason, group in by_reason.items():
             manager.filter(model.unpaid_q(), pk__in=[order.pk for order in group]).update(**values[reason])
         previous_statuses: dict[Key, Any] = {}
+        using = self.using
         for order in orders:
             previous = previous_statuses[order.pk] = order.timeout_status
             order._apply_close(values[order._timeout_close_reason])
-            run_receiver(order.pk, self.using,
+            run_receiver(order.pk, using,
                          partial(order_expired.send, sender=model, order=order, previous_status=previous))
             if progress is not None:
                 progress()

@@ -77,6 +77,9 @@ class Timer:
     # until ``max_hold`` seconds past its deadline. None: nothing holds.
     hold: ClassVar[Q | None] = None
     max_hold: ClassVar[Any] = SETTING
+    # A pending row that meets this is settled all the same (paid by another column): never acted
+    # on, never held toward its longest hold, a figure of its own in the status command.
+    settled: ClassVar[Q | None] = None
     # What ``values`` writes is final: a save that moves an acted-on row away from it raises
     # ``order_timeout.exceptions.OrderClosed`` (the model's own save path; no edit of the model).
     final: ClassVar[bool] = False
@@ -147,7 +150,7 @@ class Timer:
 
         from ..db.locks import compiles
 
-        for attribute in ("pending", "hold"):
+        for attribute in ("pending", "hold", "settled"):
             condition = getattr(self, attribute)
             problem = None if condition is None or condition == Q() else compiles(self.model, condition)
             if problem:
@@ -211,6 +214,9 @@ class Timer:
     def hold_condition(self) -> Q | None:
         return self.hold
 
+    def settled_condition(self) -> Q | None:
+        return self.settled
+
     def longest_hold(self) -> timedelta | None:
         seconds = settings.MAX_HOLD if self.max_hold is SETTING else self.max_hold
         return None if seconds is None else timedelta(seconds=seconds)
@@ -218,7 +224,8 @@ class Timer:
     def lock(self, manager: Any, pks: Sequence[Any]) -> LockedOrders:
         """Lock the rows (one SELECT, the database's clock on it), and learn their deadlines."""
         locked = lock_orders(manager, pks, hold=self.hold_condition(),
-                             pending=None if self.pending == Q() else self.pending)
+                             pending=None if self.pending == Q() else self.pending,
+                             settled=self.settled_condition())
         locked.deadlines = self.deadlines.read(manager, locked.rows)
         return locked
 
@@ -237,7 +244,7 @@ class Timer:
                 outcome.busy.append(key)
             elif row is None:
                 outcome.missing.append(key)
-            elif deadline is None or not self.is_pending(row, locked):
+            elif deadline is None or not self.is_pending(row, locked) or key in locked.settled:
                 outcome.settled.append(key)
             elif now is None or deadline > now:
                 outcome.not_due[key] = deadline
@@ -263,9 +270,6 @@ class Timer:
         self.deadlines.done(manager, [row.pk for row in rows])
         if progress is not None:
             progress()
-
-    def settled(self, outcome: Outcome) -> None:
-        """After the transaction: the keys found settled need their deadlines no more."""
 
     # -- giving up, looking again -----------------------------------------------------------
 
@@ -311,5 +315,17 @@ class Timer:
         return self.deadlines.count(rows, before=now)
 
     def _rows(self) -> Any:
-        # The primary: a replica may lag behind the acts this scan makes.
-        return self.model._base_manager.db_manager(self.using).filter(self.pending)
+        """The rows still pending (and not settled by another column), on the primary: a replica
+        may lag behind the acts this scan makes."""
+        rows = self.model._base_manager.db_manager(self.using).filter(self.pending)
+        settled = self.settled_condition()
+        # As a subquery on the key: a condition over a related table must not repeat rows.
+        return rows if settled is None else rows.exclude(pk__in=self.model._base_manager.filter(settled).values("pk"))
+
+    def settled_count(self) -> int:
+        """Rows pending by their own columns that the settled condition settles."""
+        settled = self.settled_condition()
+        if settled is None:
+            return 0
+        pending = self.model._base_manager.db_manager(self.using).filter(self.pending)
+        return int(pending.filter(pk__in=self.model._base_manager.filter(settled).values("pk")).count())

@@ -89,7 +89,8 @@ class Reminders(OnOrderModel):
 
 
     def lock(self, manager: Any, pks: Any) -> LockedOrders:
-        locked = lock_orders(manager, list(dict.fromkeys(pks)), hold=self.hold_condition())
+        locked = lock_orders(manager, list(dict.fromkeys(pks)), hold=self.hold_condition(),
+                             settled=self.settled_condition())
         locked.deadlines = {pk: order.expires_at for pk, order in locked.rows.items()}
         return locked
 
@@ -109,7 +110,7 @@ class Reminders(OnOrderModel):
                 outcome.busy.append(key)
             elif order is None:
                 outcome.missing.append(key)
-            elif now is None or not order.awaits_payment or order.expires_at <= now:
+            elif now is None or not order.awaits_payment or order.expires_at <= now or pk in locked.settled:
                 outcome.settled.append(key)  # paid, closed, no deadline, or too late: never after it
             elif (str(pk), lead, order.expires_at) in recorded:
                 outcome.settled.append(key)
@@ -127,12 +128,12 @@ class Reminders(OnOrderModel):
         """Record the reminders (one INSERT), then send the ones whose order is not held."""
         # The locking SELECT marked the held orders (its hold subquery): passed over, recorded so.
         held = {key for key, order in due if getattr(order, "_timeout_held", False)}
-        _record(self.model, self.using, [(key, order.expires_at) for key, order in due], now, held=held)
-        model = self.model
+        model, using = self.model, self.using
+        _record(model, using, [(key, order.expires_at) for key, order in due], now, held=held)
         for key, order in due:
             if key in held:
                 continue
-            run_receiver(key, self.using, partial(deadline_approaching.send, sender=model, order=order,
+            run_receiver(key, using, partial(deadline_approaching.send, sender=model, order=order,
                                                   seconds_left=key[1] / 1000))
             if progress is not None:
                 progress()
