@@ -99,7 +99,7 @@ def markdown(data: dict[str, Any]) -> str:
             lines.append(f"| {int(size):,} | {_num(row['round_trip_ms']['p50'], 3)} "
                          f"| {_num(row['round_trip_ms']['p99'], 3)} | {_num(row['server_us_per_call'], 1)} |")
     for row in ("ours", "ours_reminders"):
-        if not compared or f"{row}@{compared['ref']}" not in systems:
+        if not compared or row not in systems or f"{row}@{compared['ref']}" not in systems:
             continue
         from .compare import ratios
 
