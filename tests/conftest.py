@@ -22,7 +22,6 @@ import pytest
 from django.apps import apps
 from django.conf import settings as django_settings
 from django.db import connection
-from django.test import override_settings
 from django.utils import timezone
 from django_redis import get_redis_connection
 
@@ -146,6 +145,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 @pytest.fixture(autouse=True)
+def leaves_the_settings_as_it_found_them() -> Iterator[None]:
+    """A test's overrides end with it: a leaked ORDER_TIMEOUT or CACHES would change every later test."""
+    before = {name: getattr(django_settings, name, None) for name in ("ORDER_TIMEOUT", "CACHES")}
+    yield
+    after = {name: getattr(django_settings, name, None) for name in before}
+    for name in before:
+        if after[name] != before[name]:
+            setattr(django_settings, name, before[name])  # so one leak fails one test, not the rest
+    assert after == before, "the test left its settings overridden"
+
+
+@pytest.fixture(autouse=True)
 def redis_client() -> Iterator[Any]:
     """The queue's Redis, emptied before each test."""
     client = get_redis_connection("order_timeout")
@@ -173,8 +184,14 @@ def flush_cluster() -> None:
 
 
 @pytest.fixture
-def redis_backend(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The queue on the standalone Redis (default) or on the cluster (``both_redis``)."""
+def redis_backend(request: pytest.FixtureRequest, settings: Any) -> Iterator[str]:
+    """The queue on the standalone Redis (default) or on the cluster (``both_redis``).
+
+    Overrides go through pytest-django's ``settings``, as the test's own do: one wrapper
+    undoes them all, last first. (An ``override_settings`` entered here and left at this
+    fixture's teardown would be undone out of order with a test's ``settings.X = ...``,
+    and the older override would leak into every later test.)
+    """
     kind = getattr(request, "param", "standalone")
     if kind == "standalone":
         yield kind
@@ -182,9 +199,8 @@ def redis_backend(request: pytest.FixtureRequest) -> Iterator[str]:
     if "cluster" not in django_settings.CACHES:
         pytest.skip("no REDIS_CLUSTER_URL: scripts/test starts a local Redis Cluster")
     flush_cluster()
-    with override_settings(ORDER_TIMEOUT={**django_settings.ORDER_TIMEOUT, "REDIS_ALIAS": "cluster",
-                                          "SHARDS": CLUSTER_SHARDS}):
-        yield kind
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "REDIS_ALIAS": "cluster", "SHARDS": CLUSTER_SHARDS}
+    yield kind
     flush_cluster()
 
 
@@ -235,19 +251,20 @@ both_models = pytest.mark.parametrize("order_model", ORDER_MODELS, indirect=True
 
 
 @pytest.fixture
-def order_model(request: pytest.FixtureRequest, redis_backend: str) -> Iterator[type[TimeoutOrderMixin]]:
+def order_model(request: pytest.FixtureRequest, redis_backend: str,
+                settings: Any) -> Iterator[type[TimeoutOrderMixin]]:
     """The configured order model: ``Order`` unless a test is parametrized with ``both_models``."""
     label = getattr(request, "param", "order_timeout.Order")
     model = apps.get_model(label)
     if model is get_order_model():
         yield model
         return
-    with override_settings(ORDER_TIMEOUT={**django_settings.ORDER_TIMEOUT, "ORDER_MODEL": label}):
-        connect_receivers(model)
-        try:
-            yield model
-        finally:
-            disconnect_receivers(model)
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "ORDER_MODEL": label}
+    connect_receivers(model)
+    try:
+        yield model
+    finally:
+        disconnect_receivers(model)
 
 
 @pytest.fixture
@@ -422,9 +439,9 @@ def private_redis(settings: Any) -> Iterator[PrivateRedis]:
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": server.url,
     }}
-    with override_settings(CACHES=caches,
-                           ORDER_TIMEOUT={**settings.ORDER_TIMEOUT, "REDIS_ALIAS": "private"}):
-        yield server
+    settings.CACHES = caches
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "REDIS_ALIAS": "private"}
+    yield server
     server.stop()
 
 

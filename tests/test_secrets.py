@@ -16,7 +16,6 @@ import sys
 import pytest
 from django.conf import settings as django_settings
 from django.core import checks
-from django.test import override_settings
 
 from order_timeout.models import Order
 from order_timeout.redaction import masked
@@ -33,14 +32,13 @@ def cluster_seeds(first: str = PASSWORD_ONE, second: str = PASSWORD_TWO) -> str:
 
 
 @pytest.fixture
-def half_rotated_cluster():
-    caches = {**django_settings.CACHES, "rotating": {
+def half_rotated_cluster(settings):
+    caches = {**settings.CACHES, "rotating": {
         "BACKEND": "django_redis.cache.RedisCache", "LOCATION": cluster_seeds(),
         "OPTIONS": {"CONNECTION_FACTORY": "order_timeout.redis_cluster.ClusterConnectionFactory",
                     "SOCKET_CONNECT_TIMEOUT": 1, "SOCKET_TIMEOUT": 2}}}
-    with override_settings(CACHES=caches,
-                           ORDER_TIMEOUT={**django_settings.ORDER_TIMEOUT, "REDIS_ALIAS": "rotating"}):
-        yield
+    settings.CACHES = caches
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "REDIS_ALIAS": "rotating"}
 
 
 def test_masked_hides_every_password_of_a_url_or_a_list_of_them():
