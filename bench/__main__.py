@@ -37,6 +37,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--compare", metavar="REF",
                         help="Also run this project's row on the code of git ref REF (a worktree), "
                              "right after it, and report new/old ratios.")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="Run the chosen rows this many times, alternating (ours, then REF's, ...): "
+                             "each figure is the round of median burst closes/s, each ratio the median of "
+                             "the rounds' ratios (one VM's row-to-row spread is +-15 %%).")
     args = parser.parse_args(argv)
     unknown = set(args.systems.split(",")) - set(SYSTEMS)
     if unknown:
@@ -139,7 +143,10 @@ def main(argv: list[str]) -> int:
         print("measuring claim latency as the pending set grows ...", flush=True)
         data["claim_latency"] = workloads.claim_latency(sizes)
 
-    for cls in chosen:
+    rounds: dict[str, list[dict[str, Any]]] = {}
+    for round_number, cls in [(number, cls) for number in range(args.rounds) for cls in chosen]:
+        if args.rounds > 1:
+            print(f"round {round_number + 1} of {args.rounds}", flush=True)
         record_dir = Path(tempfile.mkdtemp(prefix=f"bench-{cls.name}-"))
         system = cls(record_dir)
         workloads.reset()
@@ -161,15 +168,20 @@ def main(argv: list[str]) -> int:
             system.stop()
         if system.errors:
             data["errors"][system.name] = system.errors
-        data["systems"][system.name] = {
+        rounds.setdefault(system.name, []).append({
             "label": system.label, "closers": system.closers, "memory": system.memory, "idle": idle,
             **{kind: phase and workloads.results(phase, system) for kind, phase in timed.items()},
-        }
+        })
         if os.environ.get("BENCH_KEEP_LOGS") == "1":
             print(f"  closers' logs kept in {record_dir}", flush=True)
         else:
             shutil.rmtree(record_dir, ignore_errors=True)
 
+    data["systems"] = {name: report.median_round(runs) for name, runs in rounds.items()}
+    if args.rounds > 1:
+        data["rounds"] = {name: [((run.get("burst") or {}).get("closes_per_s"),
+                                  (run.get("burst") or {}).get("cpu_ms_per_close")) for run in runs]
+                          for name, runs in rounds.items()}
     if not args.no_scale:
         from . import scale
 

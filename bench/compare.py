@@ -27,6 +27,7 @@ FIGURES = (
     ("steady", "db_queries_per_close", None, "DB queries per steady close"),
     ("steady", "redis_commands_per_close", None, "Redis commands per steady close"),
     ("burst", "closes_per_s", None, "burst closes/s"),
+    ("burst", "cpu_ms_per_close", None, "closers' CPU per burst close (ms)"),
     ("burst", "lateness_ms", "p50", "burst lateness p50 (ms)"),
     ("burst", "lateness_ms", "p99", "burst lateness p99 (ms)"),
     ("burst", "db_queries_per_close", None, "DB queries per burst close"),

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from django.db import connection, transaction
@@ -120,6 +122,39 @@ class Phase:
     waited_s: float = 0.0
     # Orders held by a payment in flight (OursHeld): they stay open, and are counted apart.
     held: set[int] = field(default_factory=set)
+    # CPU seconds (user + system) the closers' processes spent while it ran.
+    cpu_s: float | None = None
+
+
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (a Celery worker's pool)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo += children.get(current, [])
+    return tree
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes and theirs, so far (/proc, clock ticks)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in {tree_pid for root in pids for tree_pid in _process_tree(root)}:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / ticks
 
 
 def idle(system: System, sizes: Sizes) -> dict[str, Any]:
@@ -174,6 +209,7 @@ def timed(system: System, kind: str, offsets: list[float], sizes: Sizes) -> Phas
     if wait > 0:
         time.sleep(wait)
     counters = Counters(client).start()
+    cpu_before = cpu_seconds(system.pids())
     polls = 0
     last = start + timedelta(seconds=max(offsets))
     deadline = time.monotonic() + max(0.0, (last - timezone.now()).total_seconds()) + sizes.cap_seconds
@@ -188,6 +224,7 @@ def timed(system: System, kind: str, offsets: list[float], sizes: Sizes) -> Phas
             phase.finished = True
             break
     counters.own_queries += polls
+    phase.cpu_s = cpu_seconds(system.pids()) - cpu_before
     phase.db_queries, phase.redis_commands = counters.stop()
     phase.waited_s = (timezone.now() - start).total_seconds()
     names = script_names()
@@ -246,6 +283,7 @@ def results(phase: Phase, system: System) -> dict[str, Any]:
         "lateness_samples": sorted(lateness_ms)[:: max(1, len(lateness_ms) // 2000)],
         "closes_per_s": closed / span if span else None,
         "drain_s": drain if closed == phase.orders else None,
+        "cpu_ms_per_close": 1000 * phase.cpu_s / closed if closed and phase.cpu_s is not None else None,
         "db_queries_per_close": phase.db_queries / closed if closed else None,
         "redis_commands_per_close": phase.redis_commands / closed if closed else None,
         "slowest_script_ms": phase.slowest_script_us / 1000 if phase.slowest_script_us else None,

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import copy
 
-from bench.report import verdict
+from bench.report import targets, verdict
 
-RUN = {"orders": 100, "closed": 100, "closed_twice": 0, "drained": True, "held": 0, "held_closed": 0}
+RUN = {"orders": 100, "closed": 100, "closed_twice": 0, "drained": True, "held": 0, "held_closed": 0,
+       "db_queries_per_close": 0.01}
 DATA = {
     "systems": {
         "ours": {"steady": dict(RUN), "burst": dict(RUN)},
@@ -44,3 +45,30 @@ def test_an_order_closed_twice_or_a_held_order_closed_fails_the_run_whoever_did_
 
     assert verdict(data) == ["celery_eta burst: 2 orders closed twice",
                              "ours_held burst: 1 orders closed while their payment was in flight"]
+
+
+def comparison(rounds_now: list[float], rounds_then: list[float]) -> dict:
+    """A run of the plain row against its own at an older commit, in alternated rounds (closes/s, CPU)."""
+    median_now, median_then = sorted(rounds_now)[len(rounds_now) // 2], sorted(rounds_then)[len(rounds_then) // 2]
+    return {"compare": {"ref": "abc1234"},
+            "systems": {"ours": {"burst": {**RUN, "closes_per_s": median_now}},
+                        "ours@abc1234": {"burst": {**RUN, "closes_per_s": median_then}}},
+            "rounds": {"ours": [(rate, 1.0) for rate in rounds_now],
+                       "ours@abc1234": [(rate, 1.0) for rate in rounds_then]},
+            "errors": {}}
+
+
+def test_the_comparison_with_an_older_commit_is_the_median_of_the_rounds_own_ratios():
+    """Round by round 0.98x, 0.95x, 0.99x (the machine slowed both runs of the first): met, 0.98x,
+    though the median rounds' own rates read 95 / 100 = 0.95x."""
+    data = comparison([60, 95, 99], [61, 100, 100])
+
+    plain = [row for row in targets(data) if row[0].startswith("plain")]
+    assert plain == [("plain: >= 0.97x the burst closes/s at abc1234 (issue 19), median of 3 rounds", "0.98x", True)]
+
+
+def test_a_single_round_compares_the_two_rows_as_they_are():
+    data = comparison([90], [100])
+
+    plain = [row for row in targets(data) if row[0].startswith("plain")]
+    assert plain == [("plain: >= 0.97x the burst closes/s at abc1234 (issue 19)", "0.90x", False)]
