@@ -8,6 +8,7 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.core import checks
 from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured
+from django.db import models
 
 from . import get_order_model
 from .conf import settings
@@ -99,13 +100,14 @@ def check_order_model(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
 
 
 @checks.register(checks.Tags.models, TAG)
-def check_hold_condition(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """HOLD_CONDITION must compile against the order model: a mistake here would fail every due order."""
-    from .db.locks import validate_hold_condition
+def check_conditions(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """HOLD_CONDITION and SETTLED_CONDITION must compile against the order model: a mistake here
+    would fail every due order."""
+    from .db.locks import validate_conditions
 
     try:
         model = get_order_model()
-        validate_hold_condition(model)
+        validate_conditions(model)
     except ImproperlyConfigured as exc:
         return [checks.Error(
             str(exc),
@@ -114,6 +116,49 @@ def check_hold_condition(app_configs: Any = None, **kwargs: Any) -> list[checks.
                  "Consumers refuse to start until it fits.",
             id="order_timeout.E013")]
     return []
+
+
+@checks.register(checks.Tags.models, TAG)
+def check_close_fields(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Each field CLOSE_FIELDS names must exist on the order model and hold what it gets: a close
+    that writes a wrong column would fail every due order."""
+    try:
+        model = get_order_model()
+    except ImproperlyConfigured:
+        return []
+    return close_field_messages(model)
+
+
+def close_field_messages(model: Any) -> list[checks.CheckMessage]:
+    """What ``check_close_fields`` reports for ``model``."""
+    from .models import HOLD_EXPIRED_REASON, TIMEOUT_REASON
+
+    longest_reason = max(len(TIMEOUT_REASON), len(HOLD_EXPIRED_REASON))
+    written = {model.TIMEOUT_STATUS_FIELD, "closed_at", "close_reason"}
+    messages: list[checks.CheckMessage] = []
+    for name, what in settings.CLOSE_FIELDS.items():
+        problem = None
+        try:
+            field = model._meta.get_field(name)
+        except FieldDoesNotExist:
+            problem = f"is not a field of {model._meta.label}"
+        else:
+            if name in written or not getattr(field, "concrete", False) or field.primary_key:
+                problem = "is written by the close already, or is not a column the close may write"
+            elif what == "time" and not isinstance(field, models.DateTimeField):
+                problem = f"gets the close's time but is not a DateTimeField ({type(field).__name__})"
+            elif what == "reason" and not isinstance(field, (models.CharField, models.TextField)):
+                problem = f"gets the close's reason but is not a text field ({type(field).__name__})"
+            elif what == "reason" and isinstance(field, models.CharField) and field.max_length is not None \
+                    and field.max_length < longest_reason:
+                problem = f"gets the close's reason but holds {field.max_length} characters, not {longest_reason}"
+        if problem:
+            messages.append(checks.Error(
+                f"ORDER_TIMEOUT['CLOSE_FIELDS'] names {name!r}, which {problem}.",
+                hint="Name the order model's own columns: a DateTimeField for 'time' (Saleor's "
+                     "{'expired_at': 'time'}), a CharField or TextField for 'reason'.",
+                obj=model, id="order_timeout.E018"))
+    return messages
 
 
 @checks.register(checks.Tags.models, TAG)
@@ -578,8 +623,8 @@ def timer_messages(timer: Any) -> list[checks.CheckMessage]:
 
     model, where = timer.model, f"timer {timer.name!r} ({type(timer).__qualname__})"
     messages: list[checks.CheckMessage] = []
-    for attribute in ("pending", "hold"):
-        condition = getattr(timer, attribute)
+    for attribute in ("pending", "hold", "settled"):
+        condition = getattr(timer, attribute, None)
         problem = None if condition is None else compiles(model, condition)
         if problem:
             messages.append(checks.Error(

@@ -21,10 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import Error as DatabaseError, close_old_connections, router
 
+from .checks import close_field_messages
 from .conf import MAX_BATCH_SIZE, settings
-from .db.locks import validate_hold_condition
+from .db.locks import validate_conditions
 from .exceptions import QueueUnavailable
 from .models import TimeoutOrderMixin
 from .queue import Claim, Lanes, TimeoutQueue
@@ -143,7 +145,9 @@ class Consumer:
         self.kinds = registry.kinds_for(model, kinds)
         self.model = model or ORDER_TIMEOUT.model
         # A setting (or declaration) mistake must stop the consumer here, never fail the rows it claims.
-        validate_hold_condition(self.model)
+        validate_conditions(self.model)
+        for problem in close_field_messages(self.model)[:1]:
+            raise ImproperlyConfigured(f"{problem.msg} {problem.hint}")
         for kind in self.kinds:
             kind.validate()
         self.queue = queue or TimeoutQueue.from_settings()

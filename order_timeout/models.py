@@ -46,6 +46,28 @@ def default_deadline() -> datetime:
     return timezone.now() + timedelta(seconds=settings.DEFAULT_TIMEOUT)
 
 
+class PolicyFailed(Exception):
+    """``DEADLINE_POLICY`` raised for an order, or answered something that is not a deadline."""
+
+
+def policy_answer(order: TimeoutOrderMixin) -> datetime | None:
+    """What ``DEADLINE_POLICY`` answers for ``order`` now, checked: an aware datetime, or None (it
+    never expires). ``PolicyFailed`` saying why when it raises or answers anything else; no policy:
+    now plus ``DEFAULT_TIMEOUT``."""
+    policy = settings.deadline_policy()
+    if policy is None:
+        return default_deadline()
+    try:
+        deadline = policy(order)
+    except Exception as exc:
+        raise PolicyFailed(f"DEADLINE_POLICY {settings.DEADLINE_POLICY} raised for {type(order).__name__} "
+                           f"{order.pk!r}") from exc
+    if deadline is None or (isinstance(deadline, datetime) and timezone.is_aware(deadline)):
+        return deadline
+    raise PolicyFailed(f"DEADLINE_POLICY {settings.DEADLINE_POLICY} answered {deadline!r} for "
+                       f"{type(order).__name__} {order.pk!r}, not an aware datetime or None")
+
+
 def policy_deadline(order: TimeoutOrderMixin) -> datetime | None:
     """The deadline ``DEADLINE_POLICY`` gives ``order`` now (None: it never expires).
 
@@ -55,22 +77,14 @@ def policy_deadline(order: TimeoutOrderMixin) -> datetime | None:
     Checkout never fails because of the policy, and no order is left without
     a deadline by accident.
     """
-    policy = settings.deadline_policy()
-    if policy is None:
-        return default_deadline()
     try:
-        deadline = policy(order)
-    except Exception:
-        logger.exception("DEADLINE_POLICY %s raised for %s %r; it gets the default deadline "
-                         "(DEFAULT_TIMEOUT) instead.", settings.DEADLINE_POLICY, type(order).__name__,
-                         order.pk)
+        return policy_answer(order)
+    except PolicyFailed as exc:
+        if exc.__cause__ is not None:
+            logger.error("%s; it gets the default deadline (DEFAULT_TIMEOUT) instead.", exc, exc_info=exc.__cause__)
+        else:
+            logger.error("%s; it gets the default deadline (DEFAULT_TIMEOUT) instead.", exc)
         return default_deadline()
-    if deadline is None or (isinstance(deadline, datetime) and timezone.is_aware(deadline)):
-        return deadline
-    logger.error("DEADLINE_POLICY %s answered %r for %s %r, not an aware datetime or None; it gets "
-                 "the default deadline (DEFAULT_TIMEOUT) instead.", settings.DEADLINE_POLICY, deadline,
-                 type(order).__name__, order.pk)
-    return default_deadline()
 
 
 class DeadlineIndex(models.Index):
@@ -161,9 +175,12 @@ class TimeoutOrderMixin(models.Model):
 
     @classmethod
     def closing_values(cls, now: datetime, reason: str = TIMEOUT_REASON) -> dict[str, Any]:
-        """The columns a timeout close writes."""
-        return {cls.TIMEOUT_STATUS_FIELD: cls.TIMEOUT_CLOSED_STATUS, "closed_at": now,
-                "close_reason": reason}
+        """The columns a timeout close writes: the status, ``closed_at``, ``close_reason``, and the
+        shop's own fields ``ORDER_TIMEOUT['CLOSE_FIELDS']`` names (the time or the reason)."""
+        values = {cls.TIMEOUT_STATUS_FIELD: cls.TIMEOUT_CLOSED_STATUS, "closed_at": now, "close_reason": reason}
+        for name, what in settings.CLOSE_FIELDS.items():
+            values[name] = now if what == "time" else reason
+        return values
 
     # -- what this copy and the queue last saw ----------------------------------
 

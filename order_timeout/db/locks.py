@@ -113,19 +113,19 @@ def compiles(model: Any, condition: Q, using: str | None = None) -> str | None:
     return None
 
 
-def validate_hold_condition(model: Any, using: str | None = None) -> None:
-    """Build and compile the locking SELECT's hold subquery for ``model``, without running it.
+def validate_conditions(model: Any, using: str | None = None) -> None:
+    """Build and compile the locking SELECT's hold and settled subqueries for ``model``, without
+    running them.
 
-    ``ImproperlyConfigured`` naming ``HOLD_CONDITION`` when it does not fit the model (a field it
-    does not have, a callable that raises or returns no ``Q``): found by ``manage.py check``
-    and when a consumer starts, never by a due order.
+    ``ImproperlyConfigured`` naming ``HOLD_CONDITION`` or ``SETTLED_CONDITION`` when it does not
+    fit the model (a field it does not have, a callable that raises or returns no ``Q``): found
+    by ``manage.py check`` and when a consumer starts, never by a due order.
     """
-    hold = settings.hold_condition()
-    if hold is None:
-        return
-    problem = compiles(model, hold, using)
-    if problem:
-        raise ImproperlyConfigured(f"ORDER_TIMEOUT['HOLD_CONDITION'] does not fit {model._meta.label}: {problem}")
+    for key, condition in (("HOLD_CONDITION", settings.hold_condition()),
+                           ("SETTLED_CONDITION", settings.settled_condition())):
+        problem = None if condition is None else compiles(model, condition, using)
+        if problem:
+            raise ImproperlyConfigured(f"ORDER_TIMEOUT[{key!r}] does not fit {model._meta.label}: {problem}")
 
 
 class StillConflicting(Exception):

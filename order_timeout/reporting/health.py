@@ -7,11 +7,10 @@ The status command, and anything else that reports on the queue, render a
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.db import router
-from django.db.models import Q
 from django.utils import timezone
 
 from .. import get_order_model
@@ -64,7 +63,8 @@ class Health(Backlog):
     # Open dead letters: orders waiting for staff.
     dead_letters: int
     # Unpaid rows past their deadline, whatever Redis says (less those the hold
-    # condition holds: they are not overdue, they wait for their payment).
+    # condition holds: they are not overdue, they wait for their payment, and those
+    # SETTLED_CONDITION settles: they are paid by another column).
     overdue_unpaid_in_database: int
     # Unpaid rows with no deadline: never scheduled, never scanned.
     unpaid_without_deadline: int
@@ -77,6 +77,9 @@ class Health(Backlog):
     # Members moved out of the queue because they name no order (not UTF-8, malformed, scored
     # past any deadline): for a person to look at (nothing else reads them).
     quarantined: int = 0
+    # Rows unpaid by their status that SETTLED_CONDITION settles: paid by another column, never
+    # closed (Saleor's "unconfirmed" order fully charged, waiting for staff to confirm it).
+    settled_unpaid: int = 0
     # Each timer a shop declared, by name: its own backlog (``TimerHealth``).
     timers: dict[str, TimerHealth] = field(default_factory=dict)
 
@@ -93,6 +96,8 @@ class TimerHealth(Backlog):
     overdue_in_database: int
     drift: int | None
     quarantined: int
+    # Rows pending by their own columns that the timer's settled condition settles.
+    settled: int = 0
 
 
 def measure(now: datetime | None = None, *, model: type[TimeoutOrderMixin] | None = None,
@@ -107,11 +112,14 @@ def measure(now: datetime | None = None, *, model: type[TimeoutOrderMixin] | Non
     queue = queue or TimeoutQueue.from_settings()
     stats = queue.stats(now_score(now))
     rows = model._base_manager.db_manager(router.db_for_read(model)).filter(model.unpaid_q())
+    # The close's own view of its rows (the hold within MAX_HOLD, the settled condition), on the primary.
+    close = OrderTimeout(model)
     return Health(
         **Backlog.of(stats, now),
         dead_letters=DeadLetter.objects.filter(timer=ORDER_TIMEOUT.name, resolved_at__isnull=True).count(),
-        overdue_unpaid_in_database=_overdue(rows, now).count(),
+        overdue_unpaid_in_database=close.overdue_count(now),
         unpaid_without_deadline=rows.filter(expires_at__isnull=True).count(),
+        settled_unpaid=close.settled_count(),
         drift=count_drift(model, queue) if drift else None,
         **_reminders(queue, now, stats.quarantined),
         timers={timer.name: _timer(timer, queue.of_kind(timer.key_space), now, drift=drift)
@@ -125,7 +133,7 @@ def _timer(timer: Timer, queue: TimeoutQueue, now: datetime, *, drift: bool) -> 
         **Backlog.of(stats, now),
         dead_letters=DeadLetter.objects.filter(timer=timer.name, resolved_at__isnull=True).count(),
         overdue_in_database=timer.overdue_count(now), drift=count_drift(timer, queue) if drift else None,
-        quarantined=stats.quarantined)
+        quarantined=stats.quarantined, settled=timer.settled_count())
 
 
 def _reminders(queue: TimeoutQueue, now: datetime, quarantined: int) -> dict[str, int]:
@@ -134,18 +142,6 @@ def _reminders(queue: TimeoutQueue, now: datetime, quarantined: int) -> dict[str
     stats = queue.of_kind(REMIND).stats(now_score(now))
     return {"reminders_pending": stats.pending, "reminders_due": stats.due,
             "quarantined": quarantined + stats.quarantined}
-
-
-def _overdue(rows: Any, now: datetime) -> Any:
-    """Unpaid rows past their deadline that no payment in flight holds (within MAX_HOLD)."""
-    overdue = rows.filter(expires_at__lte=now)
-    hold = settings.hold_condition()
-    if hold is None:
-        return overdue
-    held = Q(hold) if settings.MAX_HOLD is None else \
-        Q(hold) & Q(expires_at__gt=now - timedelta(seconds=settings.MAX_HOLD))
-    # As a subquery on the primary key: a hold over a related table must not repeat rows.
-    return overdue.exclude(pk__in=rows.model._base_manager.filter(held).values("pk"))
 
 
 def _age(now: datetime, since_ms: int | None) -> float:

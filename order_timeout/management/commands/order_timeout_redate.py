@@ -1,0 +1,58 @@
+"""``manage.py order_timeout_redate``: ask DEADLINE_POLICY again for the open orders' deadlines."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from order_timeout.exceptions import OrderTimeoutError
+from order_timeout.scans.redate import Redate, RedatePlan, rows_filter
+
+from .run_timeout_consumer import batch_size
+
+
+class Command(BaseCommand):
+    help = ("Re-date unpaid orders from DEADLINE_POLICY (after a payment window changed): every one, "
+            "or those --where names, a chunk per transaction; rows locked elsewhere are skipped and "
+            "counted. Says what it would do with --dry-run.")
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--where", action="append", default=[], metavar="LOOKUP=VALUE",
+                            help="Only the orders this names, as a queryset filter (repeatable, all must "
+                                 "hold): --where channel__slug=web, --where payment_method__in=card,wallet.")
+        parser.add_argument("--chunk", type=batch_size, default=None,
+                            help="Orders locked and re-dated per transaction (default: COMPENSATION_CHUNK).")
+        parser.add_argument("--dry-run", action="store_true", help="Report what would change; change nothing.")
+        parser.add_argument("--json", action="store_true", help="One JSON object, for machines.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            redate = Redate(where=rows_filter(options["where"]), chunk_size=options["chunk"])
+            plan = redate.plan() if options["dry_run"] else redate.run()
+        except (ValueError, ImproperlyConfigured, OrderTimeoutError) as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(json.dumps(plan.as_dict(), default=str) if options["json"] else summary(plan))
+
+
+def summary(plan: RedatePlan, what: str = "open orders") -> str:
+    """A plan in words, for people."""
+    would = "would" if plan.dry_run else "did"
+    lines = [f"{plan.examined} {what} looked at; {plan.changed} {'would change' if plan.dry_run else 'changed'} "
+             f"({plan.later} later, {plan.earlier} earlier, {plan.never} never expire, {plan.dated} dated), "
+             f"{plan.unchanged} unchanged."]
+    if plan.earliest is not None:
+        lines.append(f"New deadlines from {plan.earliest:%Y-%m-%d %H:%M:%S %Z} to {plan.latest:%Y-%m-%d %H:%M:%S %Z}.")
+    if plan.overdue_at_once:
+        lines.append(f"{plan.overdue_at_once} {'would be' if plan.dry_run else 'are'} overdue at once: the consumer "
+                     "closes them as soon as they are scheduled (order_expired fires for each).")
+    if plan.busy:
+        lines.append(f"{plan.busy} were locked by another transaction and left as they were: run it again.")
+    if plan.dead_letters:
+        lines.append(f"{plan.dead_letters} wait as open dead letters and were left to staff.")
+    if plan.failed:
+        lines.append(f"The policy failed for {plan.failed}, left as they were ({would} not guess): "
+                     + "; ".join(plan.failures))
+    return "\n".join(lines)

@@ -1,0 +1,198 @@
+"""Re-date open orders from ``DEADLINE_POLICY``: after a payment window changed, or to adopt the app.
+
+A deadline is stored once per row, when the order is saved; a policy that
+changes later (a channel's window made longer) reaches new orders only. A
+re-date asks the policy again for each unpaid order (all, or those ``where``
+names) and writes the answers, a chunk per transaction: the chunk's rows are
+locked with ``SKIP LOCKED`` (a row another transaction holds, a payment being
+confirmed, a consumer closing it, is left alone and counted as busy: nobody
+waits on a re-date, and a re-date waits on nobody), the changed deadlines are
+written in one ``UPDATE``, and Redis follows once the chunk commits, as for
+any save. ``undated=True`` gives the rows without a deadline one instead: the
+backfill by policy.
+
+A row with an open dead letter is left to staff, and so is a row the policy
+fails for (it raises, or answers no deadline): counted, never given a default.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.core.exceptions import FieldError, ImproperlyConfigured
+from django.db import router, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from .. import get_order_model
+from ..conf import settings
+from ..models import DeadLetter, PolicyFailed, TimeoutOrderMixin, policy_answer
+from ..scheduling import schedule
+from ..timers.registry import ORDER_TIMEOUT
+
+logger = logging.getLogger("order_timeout")
+
+
+@dataclass
+class RedatePlan:
+    """What a re-date found (``dry_run``: would do), row by row."""
+
+    # Unpaid rows the re-date looked at (those ``where`` names, with or without a deadline).
+    examined: int = 0
+    # Their deadline moves: later, earlier, or away (the policy says it never expires).
+    later: int = 0
+    earlier: int = 0
+    never: int = 0
+    # Given a deadline that had none (``undated``).
+    dated: int = 0
+    unchanged: int = 0
+    # Of the moved and dated, deadlines already past: closed as soon as they are scheduled.
+    overdue_at_once: int = 0
+    # Locked by another transaction when their chunk came: left as they were (run it again).
+    busy: int = 0
+    # An open dead letter waits for staff: left to them.
+    dead_letters: int = 0
+    # The policy raised or answered no deadline for them: left as they were, logged.
+    failed: int = 0
+    earliest: datetime | None = None
+    latest: datetime | None = None
+    dry_run: bool = False
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> int:
+        return self.later + self.earlier + self.never + self.dated
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "changed": self.changed}
+
+    def _count(self, old: datetime | None, new: datetime | None, now: datetime) -> bool:
+        """Count one row's change; whether it changes."""
+        if new == old:
+            self.unchanged += 1
+            return False
+        if new is None:
+            self.never += 1
+        elif old is None:
+            self.dated += 1
+        elif new > old:
+            self.later += 1
+        else:
+            self.earlier += 1
+        if new is not None:
+            self.overdue_at_once += new <= now
+            self.earliest = new if self.earliest is None else min(self.earliest, new)
+            self.latest = new if self.latest is None else max(self.latest, new)
+        return True
+
+
+# The failures a plan keeps word for word (the rest are counted, and each is logged).
+KEPT_FAILURES = 10
+
+
+class Redate:
+    """Ask ``DEADLINE_POLICY`` again for the unpaid orders ``where`` names (every one by default)."""
+
+    def __init__(self, *, where: Q | None = None, undated: bool = False,
+                 model: type[TimeoutOrderMixin] | None = None, chunk_size: int | None = None) -> None:
+        if settings.DEADLINE_POLICY is None:
+            raise ImproperlyConfigured("ORDER_TIMEOUT['DEADLINE_POLICY'] is not set: there is no policy to "
+                                       "re-date orders from.")
+        self.model = model or get_order_model()
+        self.using = router.db_for_write(self.model)
+        self.chunk_size = chunk_size or settings.COMPENSATION_CHUNK
+        self.undated = undated
+        rows = self.model._base_manager.db_manager(self.using).filter(
+            self.model.unpaid_q(), expires_at__isnull=undated)
+        try:
+            self.rows = rows.filter(where) if where is not None else rows
+            str(self.rows.query)  # a lookup that does not fit the model fails here, not mid-run
+        except (FieldError, ValueError, TypeError) as exc:
+            raise ValueError(f"the filter does not fit {self.model._meta.label}: {exc}") from exc
+
+    def plan(self) -> RedatePlan:
+        """What ``run`` would do, read without a lock."""
+        return self._walk(dry_run=True)
+
+    def run(self) -> RedatePlan:
+        return self._walk(dry_run=False)
+
+    def _walk(self, *, dry_run: bool) -> RedatePlan:
+        plan = RedatePlan(dry_run=dry_run)
+        last = None
+        while True:
+            page = self.rows.order_by("pk")
+            if last is not None:
+                page = page.filter(pk__gt=last)
+            pks = list(page.values_list("pk", flat=True)[:self.chunk_size])
+            if not pks:
+                return plan
+            last = pks[-1]
+            if dry_run:
+                self._redate(pks, plan, lock=False)
+            else:
+                with transaction.atomic(using=self.using):
+                    self._redate(pks, plan, lock=True)
+
+    def _redate(self, pks: list[Any], plan: RedatePlan, *, lock: bool) -> None:
+        rows = self.rows.filter(pk__in=pks).order_by("pk")
+        if lock:
+            # A bounded lock: rows locked elsewhere are skipped, never waited for.
+            rows = rows.select_for_update(skip_locked=True)
+        found = list(rows)
+        plan.examined += len(pks)
+        plan.busy += len(pks) - len(found)
+        buried = set(DeadLetter.objects.filter(order_model=self.model._meta.label, timer=ORDER_TIMEOUT.name,
+                                               resolved_at__isnull=True,
+                                               order_id__in=[str(pk) for pk in pks])
+                     .values_list("order_id", flat=True))
+        now = timezone.now()
+        changed = []
+        for order in found:
+            if str(order.pk) in buried:
+                plan.dead_letters += 1
+                continue
+            try:
+                deadline = policy_answer(order)
+            except PolicyFailed as exc:
+                plan.failed += 1
+                if len(plan.failures) < KEPT_FAILURES:
+                    plan.failures.append(str(exc))
+                logger.warning("re-date: %s; its deadline is left as it was.", exc, exc_info=exc.__cause__)
+                continue
+            if deadline is None and self.undated:
+                plan.unchanged += 1  # no deadline, and none to give: nothing changes
+                continue
+            if plan._count(order.expires_at, deadline, now):
+                order.expires_at = deadline
+                changed.append(order)
+        if changed and lock:
+            self.model._base_manager.db_manager(self.using).bulk_update(changed, ["expires_at"])
+            # Redis follows once the chunk commits (a row that never expires leaves it).
+            schedule(changed)
+
+
+def rows_filter(pairs: list[str]) -> Q | None:
+    """``["channel__slug=web", "payment_method__in=card,wallet"]`` as one ``Q`` (None for none).
+
+    ``ValueError`` for a pair without ``=``. Values are strings (Django converts them for their
+    field); ``__in`` splits on commas, ``__isnull`` reads true/false.
+    """
+    condition = Q()
+    for pair in pairs:
+        lookup, sep, value = pair.partition("=")
+        if not sep or not lookup:
+            raise ValueError(f"{pair!r} is not LOOKUP=VALUE (e.g. channel__slug=web)")
+        parsed: Any = value
+        if lookup.endswith("__in"):
+            parsed = [part for part in value.split(",") if part]
+        elif lookup.endswith("__isnull"):
+            if value.lower() not in ("true", "false"):
+                raise ValueError(f"{pair!r}: __isnull takes true or false")
+            parsed = value.lower() == "true"
+        condition &= Q(**{lookup: parsed})
+    return condition if pairs else None
+
