@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -113,6 +114,10 @@ DEFAULTS: dict[str, Any] = {
     # sets the limits with SET LOCAL, and no session is ended by its id (the server's
     # limits end a stuck transaction). PostgreSQL only (check E016).
     "DATABASE_POOLING": "session",
+    # The dotted path of a callable returning a context manager that the app's Celery tasks run
+    # in: a shop's writer rules (Saleor's "saleor.core.db.connection.allow_writer", which its task
+    # class requires around any query on the primary). None: none.
+    "TASK_CONTEXT": None,
 }
 
 MAX_BATCH_SIZE = 10_000
@@ -302,6 +307,7 @@ VALIDATORS: dict[str, Callable[[str, Any], None]] = {
     "DEADLINE_POLICY": _callable_path,
     "REMINDERS": _reminders,
     "DATABASE_POOLING": _pooling,
+    "TASK_CONTEXT": _callable_path,
 }
 
 
@@ -371,6 +377,11 @@ class OrderTimeoutSettings:
         """The deadline policy's callable, or None."""
         value = self.DEADLINE_POLICY
         return None if value is None else _import("DEADLINE_POLICY", value)
+
+    def task_context(self) -> Any:
+        """A fresh context manager for one run of a Celery task (``TASK_CONTEXT``, or none)."""
+        value = self.TASK_CONTEXT
+        return nullcontext() if value is None else _import("TASK_CONTEXT", value)()
 
     def reminders(self) -> list[int]:
         """The reminders, in whole milliseconds before the deadline, earliest moment first."""

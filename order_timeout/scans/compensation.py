@@ -23,6 +23,7 @@ from typing import Any
 from django.utils import timezone
 
 from ..conf import settings
+from ..db.primary import on_primary
 from ..db.session import limited_session
 from ..exceptions import QueueUnavailable, RepeatedTakeover
 from ..models import DeadLetter, TimeoutOrderMixin
@@ -300,7 +301,7 @@ class CompensationScan:
         ago (a retry in backoff, a busy row put back, a batch in hand).
         Missing from Redis, or left there that long, means no consumer will.
         """
-        buried = set(DeadLetter.objects.filter(
+        buried = set(on_primary(DeadLetter).filter(
             order_model=kind.model._meta.label, timer=kind.name, order_id__in=[str(pk) for pk in members.values()],
             resolved_at__isnull=True,
         ).values_list("order_id", flat=True))

@@ -29,6 +29,7 @@ from django.utils import timezone
 
 from .. import get_order_model
 from ..conf import settings
+from ..db.primary import on_primary
 from ..models import DeadLetter, PolicyFailed, TimeoutOrderMixin, policy_answer
 from ..scheduling import schedule
 from ..timers.registry import ORDER_TIMEOUT
@@ -145,7 +146,7 @@ class Redate:
         found = list(rows)
         plan.examined += len(pks)
         plan.busy += len(pks) - len(found)
-        buried = set(DeadLetter.objects.filter(order_model=self.model._meta.label, timer=ORDER_TIMEOUT.name,
+        buried = set(on_primary(DeadLetter).filter(order_model=self.model._meta.label, timer=ORDER_TIMEOUT.name,
                                                resolved_at__isnull=True,
                                                order_id__in=[str(pk) for pk in pks])
                      .values_list("order_id", flat=True))

@@ -22,6 +22,7 @@ from django.db import router, transaction
 
 from ..conf import settings
 from ..db.locks import LockedOrders, lock_orders
+from ..db.primary import on_primary
 from ..models import Reminder
 from ..queue.keys import REMIND
 from ..signals import deadline_approaching
@@ -173,7 +174,7 @@ class Reminders(OnOrderModel):
         leads = settings.reminders()
         if not leads:
             return {}
-        done = set(Reminder.objects.filter(
+        done = set(on_primary(Reminder).filter(
             order_model=self.model._meta.label, order_id__in=[str(pk) for pk, _ in rows],
         ).values_list("order_id", "lead_ms", "deadline"))
         return {reminder_member(self.model, pk, lead): deadline_score(expires_at) - lead
