@@ -28,6 +28,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "order_timeout",
     "testproject.shop",
+    "testproject.saleorlike",
 ]
 if os.environ.get("BENCH") == "1":  # the benchmark's commit-time recorder (bench/)
     INSTALLED_APPS.append("bench")

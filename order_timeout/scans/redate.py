@@ -32,6 +32,8 @@ from ..conf import settings
 from ..db.primary import on_primary
 from ..models import DeadLetter, PolicyFailed, TimeoutOrderMixin, policy_answer
 from ..scheduling import schedule
+from ..timers.deadlines import OutsideDeadlines
+from ..timers.kind import Timer
 from ..timers.registry import ORDER_TIMEOUT
 
 logger = logging.getLogger("order_timeout")
@@ -95,19 +97,31 @@ KEPT_FAILURES = 10
 
 
 class Redate:
-    """Ask ``DEADLINE_POLICY`` again for the unpaid orders ``where`` names (every one by default)."""
+    """Ask ``DEADLINE_POLICY`` again for the unpaid orders ``where`` names (every one by default);
+    with ``timer``, ask a declared timer's ``deadline_for`` for its pending rows."""
 
     def __init__(self, *, where: Q | None = None, undated: bool = False,
-                 model: type[TimeoutOrderMixin] | None = None, chunk_size: int | None = None) -> None:
-        if settings.DEADLINE_POLICY is None:
-            raise ImproperlyConfigured("ORDER_TIMEOUT['DEADLINE_POLICY'] is not set: there is no policy to "
-                                       "re-date orders from.")
-        self.model = model or get_order_model()
+                 model: type[TimeoutOrderMixin] | None = None, chunk_size: int | None = None,
+                 timer: Timer | None = None) -> None:
+        self.timer = timer
+        if timer is not None:
+            if type(timer).deadline_for is Timer.deadline_for:
+                raise ImproperlyConfigured(f"{timer!r} declares no deadline_for(): there is nothing to re-date "
+                                           "its rows from.")
+            self.model = timer.model
+            rows = timer.model._base_manager.db_manager(timer.using).filter(timer.pending)
+            if timer.deadline is not None:
+                rows = rows.filter(**{f"{timer.deadline}__isnull": undated})
+        else:
+            if settings.DEADLINE_POLICY is None:
+                raise ImproperlyConfigured("ORDER_TIMEOUT['DEADLINE_POLICY'] is not set: there is no policy to "
+                                           "re-date orders from.")
+            self.model = model or get_order_model()
+            rows = self.model._base_manager.db_manager(router.db_for_write(self.model)).filter(
+                self.model.unpaid_q(), expires_at__isnull=undated)
         self.using = router.db_for_write(self.model)
         self.chunk_size = chunk_size or settings.COMPENSATION_CHUNK
         self.undated = undated
-        rows = self.model._base_manager.db_manager(self.using).filter(
-            self.model.unpaid_q(), expires_at__isnull=undated)
         try:
             self.rows = rows.filter(where) if where is not None else rows
             str(self.rows.query)  # a lookup that does not fit the model fails here, not mid-run
@@ -146,34 +160,76 @@ class Redate:
         found = list(rows)
         plan.examined += len(pks)
         plan.busy += len(pks) - len(found)
-        buried = set(on_primary(DeadLetter).filter(order_model=self.model._meta.label, timer=ORDER_TIMEOUT.name,
-                                               resolved_at__isnull=True,
-                                               order_id__in=[str(pk) for pk in pks])
+        name = ORDER_TIMEOUT.name if self.timer is None else self.timer.name
+        buried = set(on_primary(DeadLetter).filter(order_model=self.model._meta.label, timer=name,
+                                                   resolved_at__isnull=True, order_id__in=[str(pk) for pk in pks])
                      .values_list("order_id", flat=True))
+        current = self._current(found)
         now = timezone.now()
         changed = []
-        for order in found:
-            if str(order.pk) in buried:
+        for row in found:
+            if str(row.pk) in buried:
                 plan.dead_letters += 1
                 continue
             try:
-                deadline = policy_answer(order)
+                deadline = self._answer(row)
             except PolicyFailed as exc:
                 plan.failed += 1
                 if len(plan.failures) < KEPT_FAILURES:
                     plan.failures.append(str(exc))
                 logger.warning("re-date: %s; its deadline is left as it was.", exc, exc_info=exc.__cause__)
                 continue
+            old = current.get(row.pk)
             if deadline is None and self.undated:
                 plan.unchanged += 1  # no deadline, and none to give: nothing changes
                 continue
-            if plan._count(order.expires_at, deadline, now):
-                order.expires_at = deadline
-                changed.append(order)
+            if plan._count(old, deadline, now):
+                changed.append((row, deadline))
         if changed and lock:
-            self.model._base_manager.db_manager(self.using).bulk_update(changed, ["expires_at"])
-            # Redis follows once the chunk commits (a row that never expires leaves it).
-            schedule(changed)
+            self._write(changed)
+
+    def _current(self, rows: list[Any]) -> dict[Any, datetime | None]:
+        """Each row's deadline now."""
+        if self.timer is None:
+            return {row.pk: row.expires_at for row in rows}
+        if self.timer.deadline is not None:
+            return {row.pk: getattr(row, self.timer.deadline) for row in rows}
+        return self.timer.deadlines.read(None, {row.pk: row for row in rows})
+
+    def _answer(self, row: Any) -> datetime | None:
+        """What the policy (or the timer's ``deadline_for``) says now; ``PolicyFailed`` when it fails."""
+        if self.timer is None:
+            return policy_answer(row)
+        try:
+            deadline = self.timer.deadline_for(row)
+        except Exception as exc:
+            raise PolicyFailed(f"{self.timer!r}.deadline_for raised for {self.model.__name__} {row.pk!r}") from exc
+        if deadline is None or (isinstance(deadline, datetime) and timezone.is_aware(deadline)):
+            return deadline
+        raise PolicyFailed(f"{self.timer!r}.deadline_for answered {deadline!r} for {self.model.__name__} "
+                           f"{row.pk!r}, not an aware datetime or None")
+
+    def _write(self, changed: list[tuple[Any, datetime | None]]) -> None:
+        """The new deadlines, and Redis told once the chunk commits (a row that never expires leaves it)."""
+        manager = self.model._base_manager.db_manager(self.using)
+        if self.timer is None or self.timer.deadline is not None:
+            field: str = "expires_at" if self.timer is None else str(self.timer.deadline)
+            for row, deadline in changed:
+                setattr(row, field, deadline)
+            manager.bulk_update([row for row, _ in changed], [field])
+            rows = [row for row, _ in changed]
+            if self.timer is None:
+                schedule(rows)
+            else:
+                self.timer.schedule(rows)
+            return
+        store = self.timer.deadlines
+        assert isinstance(store, OutsideDeadlines)
+        for row, deadline in changed:
+            if deadline is None:
+                store.drop(row)
+            else:
+                store.put(row, deadline)
 
 
 def rows_filter(pairs: list[str]) -> Q | None:

@@ -109,15 +109,29 @@ class OutsideDeadlines:
               until: datetime | None = None) -> int:
         return int(self._within(before, after, until).count())
 
+    def put(self, row: Any, at: datetime) -> None:
+        """From a save of ``row`` (which holds its lock, or just committed it): its deadline, and
+        Redis told once the save's transaction commits."""
+        from ..models import Deadline
+
+        _aware(at)
+        Deadline.objects.using(self.timer.using).update_or_create(
+            timer=self.timer.name, object_id=str(row.pk), defaults={"expires_at": at})
+        self.timer.schedule([row])
+
+    def drop(self, row: Any) -> None:
+        """From a save that took ``row`` out of waiting: no deadline, off the queue after commit."""
+        self._table().filter(object_id=str(row.pk)).delete()
+        self.timer.unschedule([row])
+
     def set(self, row: Any, at: datetime | None) -> None:
         """Write (or delete) the row's deadline and schedule it once the transaction commits."""
         from django.db import models, transaction
-        from django.utils import timezone
 
         from ..models import Deadline
 
-        if at is not None and (not isinstance(at, datetime) or timezone.is_naive(at)):
-            raise ValueError(f"a deadline must be an aware datetime (or None: no deadline), got {at!r}")
+        if at is not None:
+            _aware(at)
         model = self.timer.model
         pk = row.pk if isinstance(row, models.Model) else model._meta.pk.to_python(row)
         using = self.timer.using
@@ -132,3 +146,10 @@ class OutsideDeadlines:
                 Deadline.objects.using(using).update_or_create(timer=self.timer.name, object_id=str(pk),
                                                                defaults={"expires_at": at})
             self.timer.schedule([row if isinstance(row, models.Model) else model(pk=pk)])
+
+
+def _aware(at: Any) -> None:
+    from django.utils import timezone
+
+    if not isinstance(at, datetime) or timezone.is_naive(at):
+        raise ValueError(f"a deadline must be an aware datetime (or None: no deadline), got {at!r}")

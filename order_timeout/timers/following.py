@@ -5,7 +5,13 @@ signals (no edit of the model): a save that changed the deadline schedules
 the row after commit, a delete forgets it. What the row held when it was
 loaded is noted as it is built (``post_init``), so a save that changes
 nothing leaves Redis alone (a retry in backoff keeps its time). A timer
-whose deadlines live in the app's table is told by ``set_deadline()``.
+whose deadlines live in the app's table is told by ``set_deadline()``, or,
+when it declares ``deadline_for``, by the saves themselves: a row saved into
+``waits`` (created so, or moved there: a draft completed, a fixture's default
+status rewritten) gets its deadline; a row saved out of it (confirmed, paid)
+loses it. What ``waits`` said when the row was loaded is noted as it is
+built, from the loaded fields only (a row loaded with deferred fields is
+looked up instead), so an ordinary save costs no query.
 
 A ``final`` timer refuses, on the model's save path (``pre_save``), a save
 that moves a row it acted on away from what its act wrote: the move to paid
@@ -36,6 +42,10 @@ def follow_model(timer: Timer) -> None:
     if timer.deadline is not None:
         post_init.connect(_noting(timer), sender=model, weak=False, dispatch_uid=f"{uid}.init")
         post_save.connect(_saved(timer), sender=model, weak=False, dispatch_uid=f"{uid}.saved")
+        post_delete.connect(_deleted(timer), sender=model, weak=False, dispatch_uid=f"{uid}.deleted")
+    elif timer.follows_saves:
+        post_init.connect(_noting_waits(timer), sender=model, weak=False, dispatch_uid=f"{uid}.init")
+        post_save.connect(_saved_outside(timer), sender=model, weak=False, dispatch_uid=f"{uid}.saved")
         post_delete.connect(_deleted(timer), sender=model, weak=False, dispatch_uid=f"{uid}.deleted")
     if timer.final:
         pre_save.connect(_guard(timer), sender=model, weak=False, dispatch_uid=f"{uid}.final")
@@ -69,6 +79,40 @@ def _saved(timer: Timer) -> Any:
             return
         seen[timer.name] = getattr(instance, field)
         follow([timer], [instance])
+
+    return saved
+
+
+def _noting_waits(timer: Timer) -> Any:
+    def noted(sender: Any, instance: Any, **kwargs: Any) -> None:
+        # Unknown (None) for a row loaded with deferred fields: waits() might read one (a query).
+        waited = None if instance.get_deferred_fields() else timer.waits(instance)
+        instance.__dict__.setdefault(SEEN, {})[timer.name] = waited
+
+    return noted
+
+
+def _saved_outside(timer: Timer) -> Any:
+    from .deadlines import OutsideDeadlines
+
+    store = timer.deadlines
+    assert isinstance(store, OutsideDeadlines)
+
+    def saved(sender: Any, instance: Any, raw: bool = False, created: bool = False, **kwargs: Any) -> None:
+        if raw:
+            return
+        seen = instance.__dict__.setdefault(SEEN, {})
+        waited = False if created else seen.get(timer.name)
+        waits = timer.waits(instance)
+        seen[timer.name] = waits
+        if waits and waited is not True:
+            if waited is None and store.of(instance) is not None:
+                return  # waiting already, with its deadline
+            at = timer.deadline_for(instance)
+            if at is not None:
+                store.put(instance, at)
+        elif not waits and waited is not False:
+            store.drop(instance)
 
     return saved
 

@@ -84,6 +84,13 @@ class Timer:
     # ``order_timeout.exceptions.OrderClosed`` (the model's own save path; no edit of the model).
     final: ClassVar[bool] = False
 
+    def deadline_for(self, row: Any) -> datetime | None:
+        """For a timer whose deadlines live in the app's table (``deadline = None``): the deadline
+        a row gets when a save makes it wait (created waiting, or moved into ``waits``), e.g. its
+        creation time plus its channel's window. None, the default: no deadline by itself (the
+        shop calls ``set_deadline()``). ``order_timeout_redate --timer`` asks it again."""
+        return None
+
     def fire(self, rows: list[Any], now: datetime) -> None:
         """Called once per batch after the UPDATE, in the same transaction (``rows``: the locked
         instances, ``values`` applied). Raising fails the batch, which is then acted on again a
@@ -201,9 +208,16 @@ class Timer:
         return {member: deadline_score(deadline)}, []
 
     def waits(self, row: Any) -> bool:
-        """Whether a row in hand may still be acted on (a cheap look; the re-check under the lock
-        decides). True: every row with a deadline is scheduled."""
+        """Whether a row in hand may still be acted on: a cheap look at its loaded fields (no
+        query), which the re-check under the lock decides for good. True: every row with a
+        deadline is scheduled. A timer with ``deadline_for`` says here when a row starts and
+        stops waiting (``row.status == "unconfirmed"``)."""
         return True
+
+    @property
+    def follows_saves(self) -> bool:
+        """Whether saves give rows their deadlines (``deadline_for`` declared on an outside timer)."""
+        return self.deadline is None and type(self).deadline_for is not Timer.deadline_for
 
     def scores(self, rows: Sequence[tuple[Any, datetime]]) -> dict[str, int]:
         """The members and scores of rows ``(pk, deadline)`` waiting for their deadline."""

@@ -10,27 +10,41 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from order_timeout.exceptions import OrderTimeoutError
 from order_timeout.scans.redate import Redate, RedatePlan, rows_filter
+from order_timeout.timers.registry import ORDER_TIMEOUT, registry
 
 from .run_timeout_consumer import batch_size
 
 
 class Command(BaseCommand):
-    help = ("Re-date unpaid orders from DEADLINE_POLICY (after a payment window changed): every one, "
-            "or those --where names, a chunk per transaction; rows locked elsewhere are skipped and "
-            "counted. Says what it would do with --dry-run.")
+    help = ("Re-date unpaid orders from DEADLINE_POLICY (after a payment window changed), or a declared "
+            "timer's rows from its deadline_for() (--timer): every one, or those --where names, a chunk "
+            "per transaction; rows locked elsewhere are skipped and counted. Says what it would do with "
+            "--dry-run.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--where", action="append", default=[], metavar="LOOKUP=VALUE",
                             help="Only the orders this names, as a queryset filter (repeatable, all must "
                                  "hold): --where channel__slug=web, --where payment_method__in=card,wallet.")
+        parser.add_argument("--timer", metavar="NAME", default=None,
+                            help="A declared timer's rows instead, re-dated from its deadline_for() "
+                                 "(order_timeout_status lists the timers).")
         parser.add_argument("--chunk", type=batch_size, default=None,
                             help="Orders locked and re-dated per transaction (default: COMPENSATION_CHUNK).")
         parser.add_argument("--dry-run", action="store_true", help="Report what would change; change nothing.")
         parser.add_argument("--json", action="store_true", help="One JSON object, for machines.")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        timer = None
+        if options["timer"] is not None:
+            try:
+                timer = registry.get(options["timer"])
+            except LookupError as exc:
+                names = ", ".join(repr(declared.name) for declared in registry.declared()) or "none"
+                raise CommandError(f"--timer: {exc} (declared: {names}).") from exc
+            if timer is ORDER_TIMEOUT:
+                timer = None  # the order close: DEADLINE_POLICY
         try:
-            redate = Redate(where=rows_filter(options["where"]), chunk_size=options["chunk"])
+            redate = Redate(where=rows_filter(options["where"]), chunk_size=options["chunk"], timer=timer)
             plan = redate.plan() if options["dry_run"] else redate.run()
         except (ValueError, ImproperlyConfigured, OrderTimeoutError) as exc:
             raise CommandError(str(exc)) from exc
