@@ -228,3 +228,13 @@ def test_a_longer_window_redates_the_open_orders_of_that_channel(expiry, channel
     assert json.loads(out.getvalue())["later"] == 1
     assert deadline_of(mine) == mine.created_at + timedelta(minutes=2 * WINDOW)
     assert deadline_of(theirs) == theirs.created_at + timedelta(minutes=WINDOW)
+
+
+def test_a_deleted_order_takes_its_deadline_and_member_with_it(expiry, channel, queue_of):
+    order = placed(channel)
+    pk = order.pk
+
+    order.delete()
+
+    assert not Deadline.objects.filter(timer=UnconfirmedOrderExpires.name, object_id=str(pk)).exists()
+    assert score_of(queue_of, str(pk)) is None

@@ -43,10 +43,12 @@ def follow_model(timer: Timer) -> None:
         post_init.connect(_noting(timer), sender=model, weak=False, dispatch_uid=f"{uid}.init")
         post_save.connect(_saved(timer), sender=model, weak=False, dispatch_uid=f"{uid}.saved")
         post_delete.connect(_deleted(timer), sender=model, weak=False, dispatch_uid=f"{uid}.deleted")
-    elif timer.follows_saves:
-        post_init.connect(_noting_waits(timer), sender=model, weak=False, dispatch_uid=f"{uid}.init")
-        post_save.connect(_saved_outside(timer), sender=model, weak=False, dispatch_uid=f"{uid}.saved")
-        post_delete.connect(_deleted(timer), sender=model, weak=False, dispatch_uid=f"{uid}.deleted")
+    else:
+        if timer.follows_saves:
+            post_init.connect(_noting_waits(timer), sender=model, weak=False, dispatch_uid=f"{uid}.init")
+            post_save.connect(_saved_outside(timer), sender=model, weak=False, dispatch_uid=f"{uid}.saved")
+        # A deleted row's deadline goes with it (the app's table has no foreign key to the row).
+        post_delete.connect(_deleted_outside(timer), sender=model, weak=False, dispatch_uid=f"{uid}.deleted")
     if timer.final:
         pre_save.connect(_guard(timer), sender=model, weak=False, dispatch_uid=f"{uid}.final")
 
@@ -115,6 +117,18 @@ def _saved_outside(timer: Timer) -> Any:
             store.drop(instance)
 
     return saved
+
+
+def _deleted_outside(timer: Timer) -> Any:
+    from .deadlines import OutsideDeadlines
+
+    store = timer.deadlines
+    assert isinstance(store, OutsideDeadlines)
+
+    def deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
+        store.drop(instance)
+
+    return deleted
 
 
 def _deleted(timer: Timer) -> Any:
