@@ -28,7 +28,8 @@ OVERVIEW = "admin:order_timeout_timeoutoverview_changelist"
 
 def staff(username: str, *codenames: str) -> User:
     user = User.objects.create_user(username, password="pw", is_staff=True)
-    user.user_permissions.add(*(Permission.objects.get(codename=codename) for codename in codenames))
+    user.user_permissions.add(*(Permission.objects.get(content_type__app_label="order_timeout", codename=codename)
+                                for codename in codenames))
     return user
 
 

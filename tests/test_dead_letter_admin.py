@@ -31,7 +31,7 @@ SECRET_VALUE = "card 4242-4242-4242-4242 of customer 77"
 
 def staff(username: str, *permissions: str) -> User:
     user = User.objects.create_user(username, password="pw", is_staff=True)
-    user.user_permissions.add(*(Permission.objects.get(codename=codename)
+    user.user_permissions.add(*(Permission.objects.get(content_type__app_label="order_timeout", codename=codename)
                                 for codename in ("view_deadletter", *permissions)))
     return user
 

@@ -598,7 +598,7 @@ def test_backfill_from_the_shops_own_date_schedules_every_unpaid_order(make_orde
 
 
 @pytest.mark.parametrize("args, message", [
-    ([], "one of the arguments --in --from-field is required"),
+    ([], "one of the arguments --in --from-field --policy is required"),
     (["--in", "60", "--from-field", "date_placed"], "not allowed with argument"),
     (["--in", "0"], "more than 0 seconds"),
     (["--in", "60", "--timeout", "5"], "--timeout goes with --from-field"),

@@ -148,7 +148,8 @@ def staff(username, *permissions):
     user = User.objects.create_user(username, password="pw", is_staff=True)
     user.user_permissions.add(
         Permission.objects.get(codename="view_deadletter"),
-        *(Permission.objects.get(codename=codename) for codename in permissions),
+        *(Permission.objects.get(content_type__app_label="order_timeout", codename=codename)
+          for codename in permissions),
     )
     return user
 
