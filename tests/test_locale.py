@@ -113,8 +113,23 @@ def open_letter(order_id: str) -> DeadLetter:
                                      error_type="StockServiceDown", first_failed_at=now, last_failed_at=now)
 
 
+class Breadcrumb(str):
+    """The changelist's last breadcrumb: "&rsaquo; title" before Django 6.1, a list item after."""
+
+    def forms(self) -> tuple[str, ...]:
+        return (f"&rsaquo; {self}", f'<li aria-current="page">{self}</li>')
+
+
+def breadcrumb(title: str) -> Breadcrumb:
+    return Breadcrumb(title)
+
+
+def _shown(text: str, page: str) -> bool:
+    return any(form in page for form in text.forms()) if isinstance(text, Breadcrumb) else text in page
+
+
 def assert_translated(page: str, shown: list[str], not_shown: list[str]) -> None:
-    assert [text for text in shown if text not in page] == []
+    assert [text for text in shown if not _shown(text, page)] == []
     assert [text for text in not_shown if text in page] == []
 
 
@@ -147,7 +162,7 @@ def test_the_dead_letters_and_their_two_actions_read_in_simplified_chinese(simpl
     assert_translated(response.text, shown=[
         '<option value="requeue">重新入队（仍超时的订单立即关闭）</option>',
         '<option value="close_now">立即关闭订单（仅限仍待支付的）</option>',
-        "&rsaquo; 死信", "以 处理状态", "未处理", "尝试次数", "错误类型", "最近失败时间",
+        breadcrumb("死信"), "以 处理状态", "未处理", "尝试次数", "错误类型", "最近失败时间",
     ], not_shown=[
         "Requeue the orders", "Close the orders now", "Open", "Resolved", "Attempts", "Error type",
     ])
@@ -190,7 +205,7 @@ def test_the_reminders_render_in_simplified_chinese(simplified_chinese, admin_cl
 
     assert response.status_code == 200
     assert_translated(response.text, shown=[
-        "&rsaquo; 提醒", "截止前秒数", "截止时间", "未发送：支付进行中", "订单模型", "订单 ID",
+        breadcrumb("提醒"), "截止前秒数", "截止时间", "未发送：支付进行中", "订单模型", "订单 ID",
     ], not_shown=[
         "Seconds before the deadline", "Not sent: payment in flight", "Order model", "Reminders",
     ])
