@@ -31,7 +31,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true",
                         help="Shrink every workload (CI runs this; numbers are not comparable).")
     parser.add_argument("--out", type=Path, default=Path("bench/out"))
-    parser.add_argument("--systems", default=",".join(SYSTEMS))
+    parser.add_argument("--systems", help="Comma-separated rows (default: every row; with --quick, all "
+                                           f"but the peers: {', '.join(n for n, c in SYSTEMS.items() if c.full_only)})")
     parser.add_argument("--no-scale", action="store_true",
                         help="Skip the bulk schedule() and the Redis Cluster bursts.")
     parser.add_argument("--compare", metavar="REF",
@@ -42,6 +43,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "each figure is the round of median burst closes/s, each ratio the median of "
                              "the rounds' ratios (one VM's row-to-row spread is +-15 %%).")
     args = parser.parse_args(argv)
+    if args.systems is None:
+        args.systems = ",".join(name for name, cls in SYSTEMS.items() if not (args.quick and cls.full_only))
     unknown = set(args.systems.split(",")) - set(SYSTEMS)
     if unknown:
         parser.error(f"unknown system(s) {', '.join(sorted(unknown))}; known: {', '.join(SYSTEMS)}")
@@ -121,6 +124,9 @@ def main(argv: list[str]) -> int:
                             "systems": {}, "errors": {}, "batch_window_ms": 1000 * order_settings.BATCH_WINDOW,
                             "commit": _commit()}
     chosen = [SYSTEMS[name] for name in args.systems.split(",")]
+    for cls in [cls for cls in chosen if connection.vendor not in cls.vendors]:
+        print(f"{cls.label}: not on {connection.vendor} (it runs on {', '.join(cls.vendors)} only)", flush=True)
+        chosen.remove(cls)
     if args.compare:
         from . import compare
 

@@ -184,7 +184,7 @@ def _machine_line(data: dict[str, Any]) -> str:
 def targets(data: dict[str, Any]) -> list[tuple[str, str, bool]]:
     """The targets, as ratios between rows of the same run (absolute figures travel badly)."""
     systems = data["systems"]
-    ours = systems["ours"]
+    ours = systems.get("ours") or {}
     burst, idle = ours.get("burst") or {}, ours.get("idle") or {}
     rate = burst.get("closes_per_s") or 0
     rows: list[tuple[str, str, bool]] = []

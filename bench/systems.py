@@ -56,6 +56,10 @@ class System:
     held_share = 0.0
     # Where its closers' code lives: this checkout, or another ref's worktree (``--compare``).
     root = ROOT
+    # Only in the full run (the peers, bench/peers): ``--quick`` leaves it out unless named.
+    full_only = False
+    # The databases it runs on (a queue of PostgreSQL's own runs on PostgreSQL only).
+    vendors: tuple[str, ...] = ("mysql", "postgresql")
 
     @property
     def model(self) -> Any:
@@ -342,6 +346,11 @@ def _in_an_hour() -> Any:
     return timezone.now() + timedelta(hours=1)
 
 
-SYSTEMS: dict[str, type[System]] = {
-    cls.name: cls for cls in (Floor, Ours, OursReminders, OursHeld, OursShop, OursShopBatch, Polling,
-                              SeedZset, CeleryEta)}
+def _systems() -> dict[str, type[System]]:
+    from .peers import peer_systems
+
+    return {cls.name: cls for cls in (Floor, Ours, OursReminders, OursHeld, OursShop, OursShopBatch, Polling,
+                                      SeedZset, CeleryEta, *peer_systems())}
+
+
+SYSTEMS: dict[str, type[System]] = _systems()

@@ -1,0 +1,23 @@
+"""The queues a Django shop would pick instead of this app, as benchmark rows (issue 21).
+
+Each module here names its ``System`` subclasses in ``SYSTEMS`` (a tuple: a
+peer at its documented settings, and at a tuned value of the knob that decides
+its latency, are two rows); they are found by module, so a peer is added by adding its file. Their packages are
+in the ``peers`` dependency group and imported only when the row runs. They
+run in the full benchmark only (``full_only``): ``--quick`` (CI) leaves them
+out unless ``--systems`` names them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Any
+
+
+def peer_systems() -> list[Any]:
+    """Every peer module's ``SYSTEMS``, in module-name order."""
+    found: list[Any] = []
+    for module in sorted(info.name for info in pkgutil.iter_modules(__path__)):
+        found += getattr(importlib.import_module(f"{__name__}.{module}"), "SYSTEMS", ())
+    return found
