@@ -26,6 +26,7 @@ from django.db import Error as DatabaseError, close_old_connections, router
 
 from .checks import close_field_messages
 from .conf import MAX_BATCH_SIZE, settings
+from .db import datetimes
 from .db.locks import validate_conditions
 from .exceptions import QueueUnavailable
 from .models import TimeoutOrderMixin
@@ -150,6 +151,8 @@ class Consumer:
             raise ImproperlyConfigured(f"{problem.msg} {problem.hint}")
         for kind in self.kinds:
             kind.validate()
+        # Every locked row's DATETIME columns, decoded in C (the same values).
+        datetimes.install()
         self.queue = queue or TimeoutQueue.from_settings()
         self.batch_size = batch_size if batch_size is not None else settings.BATCH_SIZE
         if not 1 <= self.batch_size <= MAX_BATCH_SIZE:

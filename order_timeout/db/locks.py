@@ -23,6 +23,7 @@ from django.db.models import Case, DateTimeField, Exists, OuterRef, Q, When
 
 from ..conf import settings
 from .errors import is_lock_conflict
+from .keys import KeysIn
 from .session import DatabaseNow, database_now
 
 logger = logging.getLogger("order_timeout")
@@ -68,7 +69,7 @@ def lock_orders(manager: Any, pks: Sequence[Any], *, hold: Q | None = None, pend
     # a datetime per row would cost a conversion per row for one value.
     # Ordered by the key, not by the model's Meta.ordering: the rows come off the primary key
     # as they are locked, with no sort of the batch (a filesort per batch on MariaDB).
-    locked = (manager.select_for_update(skip_locked=skip_locked).filter(pk__in=pks).order_by("pk")
+    locked = (manager.select_for_update(skip_locked=skip_locked).filter(KeysIn(pks)).order_by("pk")
               .annotate(_timeout_db_now=Case(When(pk=pks[0], then=DatabaseNow()), default=None,
                                              output_field=DateTimeField())))
     if hold is not None:

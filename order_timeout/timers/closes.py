@@ -18,6 +18,7 @@ from django.db.models import Q
 
 from .. import get_order_model
 from ..conf import settings
+from ..db.keys import KeysIn
 from ..db.locks import LockedOrders, lock_orders
 from ..models import HOLD_EXPIRED_REASON, TIMEOUT_REASON
 from ..queue.keys import CLOSE
@@ -115,7 +116,7 @@ class OrderTimeout(OnOrderModel):
         values = {reason: model.closing_values(now, reason) for reason in by_reason}
         # Locked and judged due by the database's clock: neither status nor deadline can move now.
         for reason, group in by_reason.items():
-            manager.filter(model.unpaid_q(), pk__in=[order.pk for order in group]).update(**values[reason])
+            manager.filter(model.unpaid_q(), KeysIn([order.pk for order in group])).update(**values[reason])
         previous_statuses: dict[Key, Any] = {}
         using = self.using
         for order in orders:

@@ -26,14 +26,16 @@ kinds; so is any transition a shop declares::
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any, ClassVar
 
 from django.db import models, router
 from django.db.models import Q
 
 from ..conf import settings
+from ..db.keys import KeysIn
 from ..db.locks import LockedOrders, lock_orders
 from .acting import run_batch_receiver
 from .deadlines import ColumnDeadlines, DeadlineStore, OutsideDeadlines
@@ -193,7 +195,11 @@ class Timer:
 
     def parse(self, member: str) -> Key:
         """The key a member names; ``ValueError`` when it names none (it goes to the quarantine)."""
-        return parse_member(self.model, member)
+        return self.parser()(member)
+
+    def parser(self) -> Callable[[str], Key]:
+        """``parse`` with the model looked up once, for a claim's hundreds of members."""
+        return partial(parse_member, self.model)
 
     def row_of(self, key: Key) -> Any:
         """The primary key of the row to lock for ``key``."""
@@ -276,7 +282,7 @@ class Timer:
         manager = self.model._base_manager.db_manager(self.using)
         if values:
             # Locked and judged due by the database's clock: the condition cannot change now.
-            manager.filter(self.pending, pk__in=[row.pk for row in rows]).update(**values)
+            manager.filter(self.pending, KeysIn([row.pk for row in rows])).update(**values)
             for row in rows:
                 for name, value in values.items():
                     setattr(row, name, value)

@@ -99,9 +99,10 @@ class Lifecycle:
         """Each member's key; those that name none go to the quarantine (logged once)."""
         by_key: dict[Key, str] = {}
         malformed: list[str] = []
+        parse = kind.parser()
         for member in claim.members:
             try:
-                by_key[kind.parse(member)] = member
+                by_key[parse(member)] = member
             except ValueError:
                 malformed.append(member)
         if malformed:

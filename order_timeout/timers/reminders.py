@@ -12,7 +12,7 @@ not send a late reminder).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
@@ -73,8 +73,8 @@ class Reminders(OnOrderModel):
     def member(self, key: Key) -> str:
         return reminder_member(self.model, key[0], key[1])
 
-    def parse(self, member: str) -> Key:
-        return parse_reminder(self.model, member)
+    def parser(self) -> Callable[[str], Key]:
+        return partial(parse_reminder, self.model)
 
     def row_of(self, key: Key) -> Any:
         return key[0]

@@ -1,0 +1,100 @@
+"""The close's lean path (issue 21) decides exactly as the ORM would: the batch's ``IN`` list
+written once (``KeysIn``), DATETIME decoded in C on MySQL, members parsed with the model looked
+up once. Each is checked against what it replaced, on every key type a shop's model may have."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from hypothesis import given, strategies as st
+
+from order_timeout.db import datetimes
+from order_timeout.db.keys import KeysIn
+from order_timeout.models import Order
+from order_timeout.timers.registry import ORDER_TIMEOUT
+from testproject.shop.models import UuidOrder
+
+pytestmark = pytest.mark.django_db
+
+
+def test_keys_in_selects_exactly_the_rows_pk_in_selects() -> None:
+    orders = Order.objects.bulk_create([Order(expires_at=timezone.now()) for _ in range(7)])
+    keys = [orders[1].pk, orders[4].pk, orders[6].pk, 10**12]
+    assert (sorted(Order.objects.filter(KeysIn(keys)).values_list("pk", flat=True))
+            == sorted(Order.objects.filter(pk__in=keys).values_list("pk", flat=True)))
+
+
+def test_keys_in_writes_integer_keys_as_digits_and_others_as_parameters() -> None:
+    Order.objects.create(expires_at=timezone.now())
+    with CaptureQueriesContext(connection) as queries:
+        list(Order.objects.filter(KeysIn([3, 41, 5])))
+    assert "IN (3, 41, 5)" in queries[-1]["sql"]
+    spelled = uuid.uuid4()
+    order = UuidOrder.objects.create(id=spelled, expires_at=timezone.now())
+    # A UUID goes through the field's own conversion (hex on MySQL, a uuid on PostgreSQL).
+    assert list(UuidOrder.objects.filter(KeysIn([spelled, uuid.uuid4()]))) == [order]
+
+
+def test_a_key_that_only_looks_like_an_int_is_a_parameter_not_sql() -> None:
+    class Sneaky(int):
+        def __str__(self) -> str:
+            return "1) OR (1=1"
+
+    Order.objects.bulk_create([Order(expires_at=timezone.now()) for _ in range(3)])
+    assert list(Order.objects.filter(KeysIn([Sneaky(10**12)]))) == []
+
+
+def test_keys_in_with_no_keys_selects_nothing() -> None:
+    Order.objects.create(expires_at=timezone.now())
+    assert list(Order.objects.filter(KeysIn([]))) == []
+
+
+def test_keys_in_updates_only_the_named_rows() -> None:
+    orders = Order.objects.bulk_create([Order(expires_at=timezone.now()) for _ in range(4)])
+    assert Order.objects.filter(KeysIn([orders[0].pk, orders[2].pk])).update(close_reason="x") == 2
+    assert sorted(Order.objects.filter(close_reason="x").values_list("pk", flat=True)) == [orders[0].pk,
+                                                                                            orders[2].pk]
+
+
+@given(st.datetimes(min_value=datetime(1, 1, 1), max_value=datetime(9999, 12, 31, 23, 59, 59, 999999)))
+def test_the_fast_datetime_decoder_agrees_with_mysqlclients(moment: datetime) -> None:
+    pytest.importorskip("MySQLdb")
+    from MySQLdb.times import DateTime_or_None
+
+    for text in (moment.isoformat(" "), moment.replace(microsecond=0).isoformat(" ")):
+        assert datetimes.decode(text) == DateTime_or_None(text)
+
+
+@pytest.mark.parametrize("text", ["0000-00-00 00:00:00", "2026-12-02 02:15:39.1", "2026-12-02",
+                                  "2026-02-30 00:00:00", "2026-12-02 02:15:39.1234567", "garbage"])
+def test_odd_datetime_texts_decode_as_mysqlclient_decodes_them(text: str) -> None:
+    pytest.importorskip("MySQLdb")
+    from MySQLdb.times import DateTime_or_None
+
+    assert datetimes.decode(text) == DateTime_or_None(text)
+
+
+def test_the_consumer_decodes_datetimes_in_c_on_mysql_with_the_same_values() -> None:
+    if connection.vendor != "mysql":
+        pytest.skip("mysqlclient's decoder: MySQL and MariaDB only")
+    deadline = timezone.now().replace(microsecond=123456) - timedelta(seconds=1)
+    order = Order.objects.create(expires_at=deadline)
+    datetimes.install()
+    connection.ensure_connection()
+    from MySQLdb.constants import FIELD_TYPE
+
+    assert connection.connection.converter[FIELD_TYPE.DATETIME] is datetimes.decode
+    assert Order.objects.get(pk=order.pk).expires_at == deadline
+
+
+def test_members_are_parsed_as_one_by_one_parsing_would() -> None:
+    parse = ORDER_TIMEOUT.parser()
+    assert parse("42") == ORDER_TIMEOUT.parse("42") == 42
+    for malformed in ("", "042", "4 2", "x"):
+        with pytest.raises(ValueError):
+            parse(malformed)
