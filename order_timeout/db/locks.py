@@ -1,10 +1,11 @@
 """Locking order rows for an act under their lock (a close, a reminder), and retrying lock conflicts.
 
 Knows nothing of Redis. ``lock_orders`` is the one locking ``SELECT`` both
-acts start with: the rows, the database's clock, and with a
-``HOLD_CONDITION`` whether each row is held (a subquery of that statement,
-never a query per order). Rows another transaction holds are skipped (``SKIP
-LOCKED``) and reported busy, so one cannot stall the rest.
+acts start with: the rows and the database's clock; with a ``HOLD_CONDITION``
+(or a timer's pending and settled conditions) one more statement per batch
+says which of the locked rows meet it, never a query per order. Rows another
+transaction holds are skipped (``SKIP LOCKED``) and reported busy, so one
+cannot stall the rest.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router
-from django.db.models import Case, DateTimeField, Exists, OuterRef, Q, When
+from django.db.models import Case, DateTimeField, Q, When
 
 from ..conf import settings
 from .errors import is_lock_conflict
@@ -60,9 +61,12 @@ def lock_orders(manager: Any, pks: Sequence[Any], *, hold: Q | None = None, pend
                 settled: Q | None = None) -> LockedOrders:
     """Lock ``pks``' rows inside the caller's transaction, skipping those locked elsewhere.
 
-    ``hold``, ``pending`` and ``settled`` become subqueries of the same statement: whether each
-    row is held, still meets the kind's condition, is settled by another column (never a query
-    per row).
+    ``hold``, ``pending`` and ``settled`` are each asked of the locked rows by one more statement
+    of the same transaction, ``filter(condition, pk IN (...))``: one set-based join per batch,
+    not a subquery per row (a dependent subquery in the locking SELECT ran once per row, and on
+    MySQL it locked the related rows it read, a payment's too). Read after the lock, a condition
+    sees every commit made before the rows were locked, and a payment that must change the
+    order waits for its lock.
     """
     skip_locked = connections[manager.db].features.has_select_for_update_skip_locked
     # The database's clock, read by the same statement on one row (the first asked for):
@@ -72,42 +76,38 @@ def lock_orders(manager: Any, pks: Sequence[Any], *, hold: Q | None = None, pend
     locked = (manager.select_for_update(skip_locked=skip_locked).filter(KeysIn(pks)).order_by("pk")
               .annotate(_timeout_db_now=Case(When(pk=pks[0], then=DatabaseNow()), default=None,
                                              output_field=DateTimeField())))
-    if hold is not None:
-        locked = locked.annotate(_timeout_held=_held(manager.model, hold))
-    if pending is not None:
-        locked = locked.annotate(_timer_pending=_held(manager.model, pending))
-    if settled is not None:
-        locked = locked.annotate(_timer_settled=_held(manager.model, settled))
     found = LockedOrders(rows={order.pk: order for order in locked})
     found.db_now = next((order._timeout_db_now for order in found.rows.values()
                          if order._timeout_db_now is not None), None)
     if found.db_now is None and found.rows:
         # The first was locked elsewhere or is gone: one more statement, rarely.
         found.db_now = database_now(manager.db)
-    found.held = {pk for pk, order in found.rows.items() if getattr(order, "_timeout_held", False)}
-    found.pending = ({pk for pk, order in found.rows.items() if order._timer_pending} if pending is not None
-                     else set(found.rows))
-    found.settled = ({pk for pk, order in found.rows.items() if order._timer_settled} if settled is not None
-                     else set())
+    if found.rows:
+        found.held = _meeting(manager, hold, found.rows) if hold is not None else set()
+        found.pending = _meeting(manager, pending, found.rows) if pending is not None else set(found.rows)
+        found.settled = _meeting(manager, settled, found.rows) if settled is not None else set()
     absent = [pk for pk in pks if pk not in found.rows]
     if absent:
-        found.busy = set(manager.filter(pk__in=absent).values_list("pk", flat=True))
+        found.busy = set(manager.filter(KeysIn(absent)).values_list("pk", flat=True))
     return found
 
 
-def _held(model: Any, hold: Q) -> Exists:
-    """Whether the hold condition holds the outer row: a subquery on its key, so a condition over
-    a related table never repeats rows."""
-    return Exists(model._base_manager.filter(hold, pk=OuterRef("pk")))
+def _meeting(manager: Any, condition: Q, rows: dict[Any, Any]) -> set[Any]:
+    """The keys among ``rows`` whose row meets ``condition`` (a condition over a related table
+    may match a row more than once: a set)."""
+    return set(_rows_meeting(manager, condition, list(rows)).values_list("pk", flat=True))
+
+
+def _rows_meeting(manager: Any, condition: Q, pks: Sequence[Any]) -> Any:
+    return manager.filter(condition, KeysIn(pks))
 
 
 def compiles(model: Any, condition: Q, using: str | None = None) -> str | None:
-    """Why ``condition`` does not compile as a subquery on ``model``'s rows (None when it does),
-    without running it: the locking SELECT's hold and pending subqueries are built the same way."""
+    """Why ``condition`` does not compile against ``model``'s rows (None when it does), without
+    running it: built as ``lock_orders`` asks it of a batch."""
     using = using or router.db_for_write(model)
     try:
-        query = model._base_manager.db_manager(using).filter(pk=None).annotate(
-            _timeout_held=_held(model, condition)).query
+        query = _rows_meeting(model._base_manager.db_manager(using), condition, [0]).values_list("pk").query
         query.get_compiler(using=using).as_sql()
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
@@ -115,7 +115,7 @@ def compiles(model: Any, condition: Q, using: str | None = None) -> str | None:
 
 
 def validate_conditions(model: Any, using: str | None = None) -> None:
-    """Build and compile the locking SELECT's hold and settled subqueries for ``model``, without
+    """Build and compile the hold and settled statements of ``lock_orders`` for ``model``, without
     running them.
 
     ``ImproperlyConfigured`` naming ``HOLD_CONDITION`` or ``SETTLED_CONDITION`` when it does not
