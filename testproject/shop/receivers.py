@@ -85,7 +85,7 @@ def write_status_changes(sender: Any, orders: list[Any], previous_statuses: dict
                          **kwargs: Any) -> None:
     """The batch's status-change rows in one INSERT."""
     OrderStatusChange.objects.bulk_create([
-        OrderStatusChange(order=order, old_status=previous_statuses[order.pk], new_status=order.status)
+        OrderStatusChange(order_id=order.pk, old_status=previous_statuses[order.pk], new_status=order.status)
         for order in orders])
 
 
