@@ -38,6 +38,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--compare", metavar="REF",
                         help="Also run this project's row on the code of git ref REF (a worktree), "
                              "right after it, and report new/old ratios.")
+    parser.add_argument("--no-parts", action="store_true",
+                        help="Skip the per-part cost of a close (bench/parts.py).")
+    parser.add_argument("--burst", type=int, metavar="N",
+                        help="Orders in the burst (default 100,000; 1,000 with --quick): a small burst's "
+                             "figures differ from a large one's (fixed costs per burst weigh more).")
     parser.add_argument("--rounds", type=int, default=1,
                         help="Run the chosen rows this many times, alternating (ours, then REF's, ...): "
                              "each figure is the round of median burst closes/s, each ratio the median of "
@@ -94,10 +99,14 @@ def main(argv: list[str]) -> int:
     from django.core.management import call_command
     from django_redis import get_redis_connection
 
-    from . import report, workloads
+    from . import crash, report, workloads
     from .systems import SYSTEMS
 
     sizes = workloads.QUICK if args.quick else workloads.FULL
+    if args.burst:
+        from dataclasses import replace
+
+        sizes = replace(sizes, burst=args.burst)
     from django.db import connection
 
     # The harness empties its database and Redis: never let it near anything else.
@@ -160,23 +169,32 @@ def main(argv: list[str]) -> int:
         system.start()
         idle = None
         timed: dict[str, Any] = {"steady": None, "burst": None}
-        offsets = {"steady": workloads.steady_offsets(sizes), "burst": workloads.burst_offsets(sizes)}
+        row_sizes = system.sized(sizes)
+        offsets = {"steady": workloads.steady_offsets(row_sizes), "burst": workloads.burst_offsets(row_sizes)}
         try:
             if "idle" in system.workloads:
                 print("  idle ...", flush=True)
-                idle = workloads.idle(system, sizes)
+                idle = workloads.idle(system, row_sizes)
                 system.forget_far_future()
             for kind in ("steady", "burst"):
                 if kind in system.workloads:
                     print(f"  {kind} ...", flush=True)
-                    timed[kind] = workloads.timed(system, kind, offsets[kind], sizes)
+                    timed[kind] = workloads.timed(system, kind, offsets[kind], row_sizes)
         finally:
             system.stop()
+        measured = {kind: phase and workloads.results(phase, system) for kind, phase in timed.items()}
+        if "crash" in system.workloads and (system.crash_in_quick or not args.quick):
+            print("  crash ...", flush=True)
+            workloads.reset()  # an undrained burst's leftovers would be claimed first
+            # A fresh instance: closers of its own, in a folder of their own.
+            crashing = cls(record_dir / "crash")
+            measured["crash"] = crash.crash(crashing, row_sizes)
+            system.errors += crashing.errors
         if system.errors:
             data["errors"][system.name] = system.errors
         rounds.setdefault(system.name, []).append({
             "label": system.label, "closers": system.closers, "memory": system.memory, "idle": idle,
-            **{kind: phase and workloads.results(phase, system) for kind, phase in timed.items()},
+            "crash_note": system.crash_note, "sizes": row_sizes.__dict__ if system.limits else None, **measured,
         })
         if os.environ.get("BENCH_KEEP_LOGS") == "1":
             print(f"  closers' logs kept in {record_dir}", flush=True)
@@ -201,6 +219,13 @@ def main(argv: list[str]) -> int:
                 data["cluster"].append(scale.cluster_burst(shards, sizes.burst, record_dir,
                                                            sizes.cap_seconds))
                 shutil.rmtree(record_dir, ignore_errors=True)
+
+    if not args.no_parts and "ours" in args.systems.split(","):
+        from . import parts
+
+        print("parts: where a close's time goes, one consumer in this process ...", flush=True)
+        data["parts_orders"] = sizes.parts
+        data["parts"] = parts.measure(sizes.parts)
 
     workloads.reset()
     data["elapsed_s"] = round(time.monotonic() - began, 1)

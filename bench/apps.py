@@ -11,5 +11,5 @@ class BenchConfig(AppConfig):
 
         from . import recorder
 
-        order_expired.connect(recorder.on_expired, dispatch_uid="bench.recorder")
+        order_expired.connect(recorder.receiver(), dispatch_uid="bench.recorder")
         recorder.dump_at_exit()

@@ -58,6 +58,8 @@ def at_ref(cls: type[System], tree: Path, ref: str, sha: str) -> type[System]:
         "name": f"{cls.name}@{ref}", "label": f"{cls.label} at {ref} ({sha[:7]})", "root": tree,
         # The create-transaction measure creates rows with this code: nothing of the ref's.
         "measures_create": False,
+        # A speed comparison: no crash workload (the ref's recorder may predate eager records).
+        "workloads": tuple(kind for kind in cls.workloads if kind != "crash"),
     })
 
 

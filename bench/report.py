@@ -1,4 +1,4 @@
-"""The benchmark's table (markdown), the targets of issue 4, and the picture."""
+"""The benchmark's table (markdown), its targets (issues 4, 19 and 21), and the picture."""
 
 from __future__ import annotations
 
@@ -78,10 +78,10 @@ def markdown(data: dict[str, Any]) -> str:
         "| system | closers | steady lateness p50 / p99 / max (ms) | steady p99 − floor's (ms) "
         "| burst lateness p50 / p99 / max (ms) | burst closes/s | ÷ floor | ÷ seeds' ZSET "
         + (f"| ÷ at {compared['ref']} " if compared else "")
-        + "| burst drained in | closers' CPU per burst close (ms) | DB queries / close: steady, burst "
+        + "| burst drained in | closers' CPU per burst close (ms) | ÷ floor's | DB queries / close: steady, burst "
         "| Redis commands / close: steady, burst | idle DB queries/s "
         "| idle Redis commands sent/s (run inside Redis) | memory / pending order | create tx added p50 / p99 (ms) |",
-        "|" + "---|" * (16 + bool(compared)),
+        "|" + "---|" * (17 + bool(compared)),
     ]
     floor_p99 = (((systems.get("floor") or {}).get("steady") or {}).get("lateness_ms") or {}).get("p99")
     for name, system in systems.items():
@@ -90,18 +90,20 @@ def markdown(data: dict[str, Any]) -> str:
             "worker": f"{idle['worker_bytes_per_pending']:,.0f} B worker RSS "
                       f"+ {idle['redis_bytes_per_pending']:,.0f} B broker",
             "redis": f"{idle['redis_bytes_per_pending']:,.0f} B (Redis)",
+            "broker": f"{idle['worker_bytes_per_pending']:,.0f} B broker RSS (RabbitMQ)",
         }.get(system.get("memory", "redis"), "0 extra (the row itself)")
         create = data.get("create", {}).get(name, {})
         steady, burst = system.get("steady"), system.get("burst")
         rate = (burst or {}).get("closes_per_s")
         p99 = ((steady or {}).get("lateness_ms") or {}).get("p99")
         lines.append(
-            f"| {system['label']} | {system['closers']} | {_part(steady, _lateness)} "
+            f"| {system['label']}{_smaller(system)} | {system['closers']} | {_part(steady, _lateness)} "
             f"| {_num(p99 - floor_p99) if p99 is not None and floor_p99 is not None else '-'} "
             f"| {_part(burst, _lateness)} | {_num(rate, 0)} | {_ratio(rate, floor.get('closes_per_s'))} "
             f"| {_ratio(rate, seeds.get('closes_per_s'))} "
             + (f"| {_ratio(rate, previous.get('closes_per_s'))} " if compared else "")
             + f"| {_part(burst, _burst)} | {_num((burst or {}).get('cpu_ms_per_close'), 3)} "
+            f"| {_ratio((burst or {}).get('cpu_ms_per_close'), floor.get('cpu_ms_per_close'))} "
             f"| {_num((steady or {}).get('db_queries_per_close'), 2)}, "
             f"{_num((burst or {}).get('db_queries_per_close'), 3)} "
             f"| {_num((steady or {}).get('redis_commands_per_close'), 2)}, "
@@ -145,9 +147,76 @@ def markdown(data: dict[str, Any]) -> str:
                   "| target | measured | met |", "|---|---|---|"]
         lines += [f"| {target} | {measured} | {'yes' if met else '**no**'} |"
                   for target, measured, met in targets(data)]
+    lines += _parts_lines(data)
+    lines += _crash_lines(data)
     lines += _scale_lines(data)
     lines += ["", _machine_line(data)]
     return "\n".join(lines) + "\n"
+
+
+def _smaller(system: dict[str, Any]) -> str:
+    """A row run on smaller workloads (a peer's ``limits``) says its sizes."""
+    sizes = system.get("sizes")
+    if not sizes:
+        return ""
+    return (f" (smaller workloads: steady {sizes['steady_seconds']:g} s, burst {sizes['burst']:,}, "
+            f"crash {sizes['crash']:,})")
+
+
+def _parts_lines(data: dict[str, Any]) -> list[str]:
+    """Where a close's time goes (bench/parts.py), per order, by part, with the promise each buys."""
+    parts = data.get("parts")
+    if not parts:
+        return []
+    from .parts import FLOOR_PARTS, PROMISES
+
+    rows = [row for row in ("ours", "ours_held", "ours_shop_batch") if row in parts]
+    floor = parts.get("floor") or {}
+    lines = ["", f"Where the close's time goes: one consumer in the harness's process closes {data['parts_orders']:,} "
+                 "due orders; each part's own time (wall, the server's work for a statement included), in "
+                 "µs per closed order. The floor's three steps on the same rows: "
+                 + ", ".join(f"{part.removeprefix('floor: ')} {_num(floor.get(part), 1)}" for part in FLOOR_PARTS)
+                 + f", {_num(floor.get('total'), 1)} µs in all.", "",
+             "| part | " + " | ".join(rows) + " | what it buys |", "|---|" + "---|" * len(rows) + "---|"]
+    for part, promise in PROMISES.items():
+        lines.append(f"| {part} | " + " | ".join(_num(parts[row].get(part), 1) for row in rows) + f" | {promise} |")
+    lines.append("| **total** | " + " | ".join(f"**{_num(parts[row]['total'], 1)}**" for row in rows)
+                 + f" | ÷ the floor's {_num(floor.get('total'), 1)}: "
+                 + ", ".join(_ratio(parts[row]["total"], floor.get("total")) for row in rows) + " |")
+    return lines
+
+
+def _crash_lines(data: dict[str, Any]) -> list[str]:
+    """The crash workload (bench/crash.py): what a killed closer cost each row, and each row's note
+    (also for a row that did not run it: ``--quick`` leaves our variants out)."""
+    systems = [system for system in data["systems"].values() if system.get("crash")]
+    if not systems:
+        return []
+    sizes = data["sizes"]
+    lease = sizes.get("crash_lease_seconds")
+    lines = ["", f"Crash: {sizes['crash']:,} orders due at one instant; once a third is closed, one closer "
+                 "process and its children get SIGKILL and it is started again at once, as a supervisor "
+                 "would. The wait ends when nothing is unpaid or in flight; or when nothing is in flight and "
+                 "nothing closed for the closer's start-up + 1 s; or "
+                 f"{sizes['crash_cap_seconds']:g} s after the kill. Our consumers' LEASE_SECONDS: "
+                 + (f"{lease:g} s (shortened for the quick run)" if lease else "30 s (the default)") + ". "
+                 "Never: still unpaid when the wait ended. Twice: `order_expired` receivers committed "
+                 "twice. Late: closed after the bound, where the pace before the kill would have drained "
+                 "the burst, plus 1 s. A lost Redis is not measured: the notes say what it does.", "",
+             "| system | closed | never | twice | late (bound s) | latest close after the deadline (s) "
+             "| killed after (closed then) | a crash, a lost broker |", "|---|---|---|---|---|---|---|---|"]
+    for system in data["systems"].values():
+        run, note = system.get("crash"), system.get("crash_note") or "-"
+        if not run:
+            lines.append(f"| {system['label']} | not run | | | | | | {note} |")
+            continue
+        unrecorded = f" ({run['unrecorded']:,} unrecorded)" if run.get("unrecorded") else ""
+        lines.append(
+            f"| {system['label']} | {run['closed']:,} of {run['orders']:,}{unrecorded} "
+            f"| {'**' + format(run['never'], ',') + '**' if run['never'] else 0} | {run['twice']:,} "
+            f"| {_num(run['late'])} ({_num(run['late_bound_s'], 2)}) | {_num(run['latest_s'], 2)} "
+            f"| {run['killed_after_s']:.2f} s ({run['closed_at_kill']:,}) | {note} |")
+    return lines
 
 
 def _scale_lines(data: dict[str, Any]) -> list[str]:
@@ -196,8 +265,8 @@ def targets(data: dict[str, Any]) -> list[tuple[str, str, bool]]:
         return (((systems.get(name) or {}).get("steady") or {}).get("lateness_ms") or {}).get("p99")
 
     if burst_rate("floor"):
-        rows.append((">= 0.75x the floor's burst closes/s", f"{rate / burst_rate('floor'):.2f}x",
-                     rate >= 0.75 * burst_rate("floor")))
+        rows.append((">= 0.5x the floor's burst closes/s (issue 21)", f"{rate / burst_rate('floor'):.2f}x",
+                     rate >= 0.5 * burst_rate("floor")))
     floor_p99, p99 = steady_p99("floor"), steady_p99("ours")
     if floor_p99 is not None and p99 is not None:
         window = data.get("batch_window_ms", 3.0)
@@ -237,8 +306,8 @@ def targets(data: dict[str, Any]) -> list[tuple[str, str, bool]]:
         rows.append(("10 % of the burst held: the others' closes/s >= 0.9x the plain row's",
                      f"{burst_rate('ours_held') / rate:.2f}x", burst_rate("ours_held") >= 0.9 * rate))
     if burst_rate("ours_shop_batch") and rate:
-        rows.append(("shop model with batch receivers: >= 0.5x the plain row's burst closes/s",
-                     f"{burst_rate('ours_shop_batch') / rate:.2f}x", burst_rate("ours_shop_batch") >= 0.5 * rate))
+        rows.append(("shop model with batch receivers: >= 0.6x the plain row's burst closes/s (issue 21)",
+                     f"{burst_rate('ours_shop_batch') / rate:.2f}x", burst_rate("ours_shop_batch") >= 0.6 * rate))
     if burst:
         rows.append(("<= 0.05 DB queries per close (burst)", _num(burst["db_queries_per_close"], 3),
                      (burst["db_queries_per_close"] or 99) <= 0.05))
@@ -296,8 +365,9 @@ def plot(data: dict[str, Any], path: Path) -> None:
 
 def verdict(data: dict[str, Any]) -> list[str]:
     """What fails the run: anyone closing an order twice; one of our systems (this project on
-    either model, or on the cluster) crashing or leaving a workload undrained. Another system
-    struggling is a result, not a failure; no timing ever fails it."""
+    either model, or on the cluster) crashing or leaving a workload undrained; one of our rows
+    closing an order twice or never in the crash workload. Another system struggling, or losing
+    orders to the crash, is a result, not a failure; no timing ever fails it."""
     runs = [(name, kind, s[kind]) for name, s in data["systems"].items() for kind in ("steady", "burst")
             if s.get(kind)]
     failures = [f"{name} {kind}: {run['closed_twice']} orders closed twice"
@@ -309,6 +379,11 @@ def verdict(data: dict[str, Any]) -> list[str]:
                  if name in ours]
     failures += [f"{name} {kind}: {run['closed']:,} of {run['orders']:,} orders closed"
                  for name, kind, run in runs if name in ours and not run["drained"]]
+    crashes = [(name, s["crash"]) for name, s in data["systems"].items()
+               if s.get("crash") and name.startswith("ours")]
+    failures += [f"{name} crash: {run['twice']} orders closed twice" for name, run in crashes if run["twice"]]
+    failures += [f"{name} crash: {run['never']:,} of {run['orders']:,} orders never closed"
+                 for name, run in crashes if run["never"]]
     failures += [f"cluster burst with {run['shards']} shard(s): {run['closed']:,} of {run['orders']:,} "
                  "orders closed" for run in data.get("cluster") or [] if run["closed"] != run["orders"]]
     return failures

@@ -48,18 +48,34 @@ class System:
     # The order model its closers close, and what its closers' processes need to know of it.
     model_label = "order_timeout.Order"
     extra_env: dict[str, str] = {}
-    # The idle workload only tells something new for a new way of waiting.
-    workloads: tuple[str, ...] = ("idle", "steady", "burst")
+    # The idle workload only tells something new for a new way of waiting; the crash workload
+    # (bench/crash.py) runs last, on closers of its own.
+    workloads: tuple[str, ...] = ("idle", "steady", "burst", "crash")
+    # How a crashed closer and a lost broker (Redis) affect it, for the crash table: what the
+    # crash workload measures, and what it cannot (the broker's loss).
+    crash_note: str = ""
+    # Whether ``--quick`` runs its crash workload too (our variants share ours' lease path: full run only).
+    crash_in_quick = True
     # Whether the create-transaction measure applies (it creates order_timeout.Order rows).
     measures_create = True
     # Share of the burst's orders held by a payment in flight (only ``OursHeld``).
     held_share = 0.0
     # Where its closers' code lives: this checkout, or another ref's worktree (``--compare``).
     root = ROOT
+    # Smaller workloads for a row that publishes or closes a hundred times slower than ours (a
+    # peer): at most these sizes (``Sizes`` fields), said in its row. Its closes/s, lateness and
+    # CPU per close are rates, so they still read against the others'.
+    limits: dict[str, float] = {}
     # Only in the full run (the peers, bench/peers): ``--quick`` leaves it out unless named.
     full_only = False
     # The databases it runs on (a queue of PostgreSQL's own runs on PostgreSQL only).
     vendors: tuple[str, ...] = ("mysql", "postgresql")
+
+    def sized(self, sizes: Any) -> Any:
+        """``sizes`` within this row's ``limits``."""
+        from dataclasses import replace
+
+        return replace(sizes, **{name: min(getattr(sizes, name), limit) for name, limit in self.limits.items()})
 
     @property
     def model(self) -> Any:
@@ -70,7 +86,13 @@ class System:
     def __init__(self, record_dir: Path) -> None:
         self.record_dir = record_dir
         self.procs: list[subprocess.Popen[bytes]] = []
+        # Each running closer's command and stderr file, by its place in ``procs``.
+        self.commands_run: list[list[str]] = []
+        self.proc_logs: list[Path] = []
         self.logs: list[Path] = []
+        # Added to every closer's environment by ``start`` (the crash workload's eager records).
+        self.phase_env: dict[str, str] = {}
+        self.env: dict[str, str] = {}
         # What closers that exited badly printed last (stderr tails).
         self.errors: list[str] = []
 
@@ -100,27 +122,57 @@ class System:
     def start(self) -> None:
         # Persistent connections for every closer: Celery's Django fixup would
         # otherwise reconnect after every task, and that is not what we measure.
-        env = {**os.environ, "BENCH": "1", "SHOP_RECORD_EXPIRIES": "0", "SHOP_RECORD_REMINDERS": "0",
-               "SHOP_TIMERS": "0", "CONN_MAX_AGE": "600",
-               "BENCH_RECORD_DIR": str(self.record_dir), "PYTHONPATH": str(self.root),
-               "ORDER_TIMEOUT_ORDER_MODEL": self.model_label, **self.extra_env}
-        for number, command in enumerate(self.commands(), start=len(self.logs)):
-            # A file, not a pipe: a chatty closer must never block on a full pipe.
-            log = self.record_dir / f"stderr-{number}.log"
-            self.logs.append(log)
-            with log.open("wb") as err:
-                self.procs.append(subprocess.Popen(command, cwd=self.root, env=env,
-                                                   stdout=subprocess.DEVNULL, stderr=err))
+        self.env = {**os.environ, "BENCH": "1", "SHOP_RECORD_EXPIRIES": "0", "SHOP_RECORD_REMINDERS": "0",
+                    "SHOP_TIMERS": "0", "CONN_MAX_AGE": "600",
+                    "BENCH_RECORD_DIR": str(self.record_dir), "PYTHONPATH": str(self.root),
+                    "ORDER_TIMEOUT_ORDER_MODEL": self.model_label, **self.extra_env, **self.phase_env}
+        for command in self.commands():
+            proc, log = self._launch(command)
+            self.procs.append(proc)
+            self.commands_run.append(command)
+            self.proc_logs.append(log)
         time.sleep(self.startup_seconds)
 
     startup_seconds = 2.0
+
+    def _launch(self, command: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
+        # A file, not a pipe: a chatty closer must never block on a full pipe.
+        log = self.record_dir / f"stderr-{len(self.logs)}.log"
+        self.logs.append(log)
+        with log.open("wb") as err:
+            return subprocess.Popen(command, cwd=self.root, env=self.env, stdout=subprocess.DEVNULL,
+                                    stderr=err), log
+
+    def restart_one(self, index: int) -> None:
+        """SIGKILL closer ``index`` and every process below it (a worker's pool), then run its
+        command again at once, as a supervisor (systemd ``Restart=always``) would."""
+        from .measure import process_tree
+
+        proc = self.procs[index]
+        for pid in process_tree(proc.pid):  # the parent first: it forks no new child then
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait()
+        self.procs[index], self.proc_logs[index] = self._launch(self.commands_run[index])
+
+    def in_flight(self) -> int:
+        """Orders its queue still holds for a closer that may close them (again) later: the
+        crash workload waits for these as well as for the unpaid rows. None but for ours."""
+        return 0
+
+    def busy(self) -> bool:
+        """Whether every closer holds work now, so that the one the crash workload kills loses
+        some (it kills once this is true and a third of its burst is closed)."""
+        return True
 
     def stop(self) -> None:
         """SIGTERM every closer and wait: they write their commit records on the way out."""
         for proc in self.procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for proc, log in zip(self.procs, self.logs[-len(self.procs):], strict=True):
+        for proc, log in zip(self.procs, self.proc_logs, strict=True):
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
@@ -128,16 +180,28 @@ class System:
                 proc.wait()
             if proc.returncode not in (0, -signal.SIGTERM):
                 self.errors.append(log.read_bytes()[-2000:].decode(errors="replace"))
-        self.procs = []
+        self.procs, self.commands_run, self.proc_logs = [], [], []
 
     def pids(self) -> list[int]:
         return [proc.pid for proc in self.procs]
+
+    def memory_pids(self) -> list[int]:
+        """The processes whose memory holds its pending orders, for the idle memory column: its
+        closers' (a broker's, for a peer whose delays wait in the broker)."""
+        return self.pids()
 
 
 class Ours(System):
     name, label = "ours", "django-order-timeout"
     closers = "2 consumers, batch 500"
     batch = "500"
+    crash_note = ("Crash: the killed consumer's batch stays leased until LEASE_SECONDS run out, then the next "
+                  "claim takes it over (a member per claim) and closes it under the row lock: late by "
+                  "LEASE_SECONDS plus that one-by-one takeover, never lost; a batch committed before the "
+                  "kill but not acked is taken over too, and the row re-check stops its second close. "
+                  "Redis lost: the rows are the truth; "
+                  "the beat's compensation scan (every COMPENSATION_INTERVAL, 300 s) closes what is overdue "
+                  "by more than COMPENSATION_GRACE (150 s) and puts the missing future deadlines back.")
 
     def commands(self) -> list[list[str]]:
         # BENCH_CONSUMER_VERBOSITY=1 logs every batch (with its time) to the closers' stderr files.
@@ -159,6 +223,25 @@ class Ours(System):
         queue = TimeoutQueue.from_settings()
         queue.client.delete(*(shard.keys.pending for shard in queue.shards))
 
+    def busy(self) -> bool:
+        """More than a batch leased: every consumer holds members (a batch it closes, or one it
+        committed and has not acked yet), so the one killed leaves some to take over. One ZCARD
+        a shard: the crash workload asks every few ms, and our batches take tens of ms."""
+        from order_timeout.queue import TimeoutQueue
+
+        queue = TimeoutQueue.from_settings()
+        leased = sum(queue.client.zcard(shard.keys.leased) for shard in queue.shards)
+        return leased > (self.processes - 1) * int(self.batch)
+
+    def in_flight(self) -> int:
+        """Members still leased: a killed consumer's, until they are taken over and acked."""
+        from django.utils import timezone
+
+        from order_timeout.queue import TimeoutQueue
+        from order_timeout.timers.members import now_score
+
+        return TimeoutQueue.from_settings().stats(now_score(timezone.now())).leased
+
     def hold_far_future(self, count: int) -> None:
         from order_timeout.queue import TimeoutQueue
 
@@ -175,8 +258,11 @@ class OursShop(Ours):
     model_label = "shop.ShopOrder"
     # The shop's status-change receiver only: no stock lines in this workload.
     extra_env = {"SHOP_RELEASE_STOCK": "0"}
-    workloads = ("steady", "burst")
+    workloads = ("steady", "burst", "crash")
     measures_create = False
+    crash_in_quick = False
+    crash_note = ("As ours: the status-change row is written in the close's transaction, so a killed "
+                  "batch rolls back with its rows and the takeover writes them once.")
 
 
 class OursShopBatch(OursShop):
@@ -186,6 +272,8 @@ class OursShopBatch(OursShop):
     name, label = ("ours_shop_batch",
                    "django-order-timeout, shop model, batch receivers (orders_expired)")
     extra_env = {**OursShop.extra_env, "SHOP_BATCH_RECEIVERS": "1"}
+    crash_note = ("As ours: the batch's status-change rows are written in its transaction, so a killed "
+                  "batch leaves none and the takeover writes them once.")
 
 
 class OursReminders(Ours):
@@ -197,8 +285,12 @@ class OursReminders(Ours):
     reminder_seconds = 1.0
     extra_env = {"ORDER_TIMEOUT_REMINDERS": "1.0"}
     enqueue_seconds = 0.00015  # two members per order: its close and its reminder
-    workloads = ("steady", "burst")
+    workloads = ("steady", "burst", "crash")
     measures_create = False
+    crash_in_quick = False
+    crash_note = ("As ours, for the reminders too: a killed batch of reminders is taken over after "
+                  "LEASE_SECONDS and the sent reminder's row, written under the row lock, stops a second "
+                  "send. Redis lost: the scan puts the missing reminders back.")
 
     def enqueue(self, orders: Sequence[Order]) -> None:
         from django.conf import settings
@@ -216,8 +308,10 @@ class OursHeld(Ours):
     name, label = "ours_held", "django-order-timeout, 10 % of the burst held (payment in flight)"
     held_share = 0.1
     extra_env = {"ORDER_TIMEOUT_HOLD_CONDITION": "testproject.shop.payments.in_flight"}
-    workloads = ("burst",)
+    workloads = ("burst", "crash")
     measures_create = False
+    crash_in_quick = False
+    crash_note = "As ours (its crash burst holds no order)."
 
     def hold(self, orders: Sequence[Order]) -> set[int]:
         from testproject.shop.models import OrderPayment
@@ -232,8 +326,10 @@ class Floor(System):
 
     name, label = "floor", "floor: Lua claim + one UPDATE per batch, nothing else"
     closers = "2 processes, batch 500, raw driver"
-    workloads = ("steady", "burst")
+    workloads = ("steady", "burst", "crash")
     measures_create = False
+    crash_note = ("Promises nothing: its claim deletes the batch from the set (ZREM), so a batch the "
+                  "killed process held is never closed. Redis lost: every pending order is lost.")
 
     def commands(self) -> list[list[str]]:
         return [[sys.executable, "-m", "bench.floor"] for _ in range(self.processes)]
@@ -252,6 +348,9 @@ class Polling(System):
     closers = "1 job (as the seeds run it), 1 tx per order"
     processes = 1
     memory = "table"
+    crash_note = ("The table is the truth: a killed poller's transaction rolls back and the restarted one "
+                  "finds its orders again; late by the restart (one process: nothing closes meanwhile). "
+                  "No broker to lose.")
 
     def commands(self) -> list[list[str]]:
         return [[sys.executable, "-m", "bench.baselines", "polling"]]
@@ -260,6 +359,9 @@ class Polling(System):
 class SeedZset(System):
     name, label = "seed_zset", "seeds: ZSET + Lua ZREM claim, 1 s poll"
     closers = "2 pollers, claim 200, 1 tx per order"
+    crash_note = ("Delete-on-claim (ZRANGEBYSCORE + ZREM): the up to 200 orders the killed poller had "
+                  "claimed and not closed are never closed; the seeds have no scan. Redis lost: every "
+                  "pending order is never closed.")
 
     def commands(self) -> list[list[str]]:
         return [[sys.executable, "-m", "bench.baselines", "seed_zset"]
@@ -294,6 +396,10 @@ class CeleryEta(System):
     processes = 1
     enqueue_seconds = 0.0012
     memory = "worker"
+    crash_note = ("ETA tasks wait in the worker's memory, unacked: killed, they come back only when the "
+                  "Redis broker redelivers them after visibility_timeout (3600 s here, bench/celery_eta.py), "
+                  "an hour late; the up to 2 tasks running (acked on start) are lost. Redis lost: every "
+                  "task not yet fetched is lost; nothing finds them again.")
 
     def commands(self) -> list[list[str]]:
         # Prefork, Celery's default pool: the solo pool fires ETA timers in steps

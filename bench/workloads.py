@@ -20,7 +20,7 @@ from order_timeout.queue import TimeoutQueue
 from order_timeout.scheduling import order_saved
 from order_timeout.timers.members import now_score
 
-from .measure import ClientCommands, Counters, redis_memory, rss_bytes, summary
+from .measure import ClientCommands, Counters, process_tree, redis_memory, rss_bytes, summary
 from .ownership import keep_mark
 from .recorder import read_commits
 from .systems import System
@@ -40,14 +40,25 @@ class Sizes:
     bulk_schedule: int
     # Seconds between the end of production and the first deadline, at least.
     lead_seconds: float
+    # The crash workload (bench/crash.py): orders due at one instant (several of our batches of 500,
+    # so the killed consumer holds one); most seconds it waits after the kill (a row still closing
+    # or holding orders in flight; the others stop sooner); LEASE_SECONDS of our consumers there
+    # (None: the default, 30 s).
+    crash: int
+    crash_cap_seconds: float
+    crash_lease_seconds: float | None
+    # Due orders one consumer closes in the harness's process, timed part by part (bench/parts.py).
+    parts: int
 
 
 FULL = Sizes(steady_rate=1000, steady_seconds=60, burst=100_000, idle=1_000_000, celery_idle=20_000,
              idle_seconds=10, cap_seconds=90, claim_sizes=(10_000, 100_000, 1_000_000),
-             create_samples=2000, bulk_schedule=1_000_000, lead_seconds=2)
+             create_samples=2000, bulk_schedule=1_000_000, lead_seconds=2, crash=20_000,
+             crash_cap_seconds=120, crash_lease_seconds=None, parts=20_000)
 QUICK = Sizes(steady_rate=200, steady_seconds=2, burst=1_000, idle=10_000, celery_idle=300,
               idle_seconds=1.5, cap_seconds=15, claim_sizes=(10_000, 100_000), create_samples=150,
-              bulk_schedule=20_000, lead_seconds=1)
+              bulk_schedule=20_000, lead_seconds=1, crash=2_000, crash_cap_seconds=20,
+              crash_lease_seconds=2, parts=2_000)
 
 
 def reset() -> None:
@@ -126,29 +137,11 @@ class Phase:
     cpu_s: float | None = None
 
 
-def _process_tree(pid: int) -> list[int]:
-    """``pid`` and every process below it (a Celery worker's pool)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    tree, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        tree.append(current)
-        todo += children.get(current, [])
-    return tree
-
-
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU seconds of these processes and theirs, so far (/proc, clock ticks)."""
     ticks = os.sysconf("SC_CLK_TCK")
     total = 0
-    for pid in {tree_pid for root in pids for tree_pid in _process_tree(root)}:
+    for pid in {tree_pid for root in pids for tree_pid in process_tree(root)}:
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
@@ -160,15 +153,17 @@ def cpu_seconds(pids: list[int]) -> float:
 def idle(system: System, sizes: Sizes) -> dict[str, Any]:
     """Nothing due, many pending: what the closers cost while they wait."""
     client = get_redis_connection("order_timeout")
-    count = sizes.celery_idle if system.memory == "worker" else sizes.idle
-    memory, rss = redis_memory(client), sum(rss_bytes(pid) for pid in system.pids())
+    # A Celery task per pending order, published one by one (to a broker that confirms each, for
+    # "broker"): the smaller count.
+    count = sizes.celery_idle if system.memory in ("worker", "broker") else sizes.idle
+    memory, rss = redis_memory(client), sum(rss_bytes(pid) for pid in system.memory_pids())
     system.hold_far_future(count)
     # Wait until the worker has pulled every message (its broker queue is empty).
     settle = time.monotonic() + 30
     while system.memory == "worker" and _broker_backlog() and time.monotonic() < settle:
         time.sleep(0.2)
     time.sleep(min(1.0, sizes.idle_seconds))
-    memory_after, rss_after = redis_memory(client), sum(rss_bytes(pid) for pid in system.pids())
+    memory_after, rss_after = redis_memory(client), sum(rss_bytes(pid) for pid in system.memory_pids())
     with ClientCommands(client) as watched:
         # The monitor is open before the counters start, so its own setup is not counted.
         counters = Counters(client).start()

@@ -32,6 +32,14 @@ INSTALLED_APPS = [
 ]
 if os.environ.get("BENCH") == "1":  # the benchmark's commit-time recorder (bench/)
     INSTALLED_APPS.append("bench")
+# The benchmark's peers that keep their jobs in models of their own (bench/peers), only when it
+# names them: scripts/bench sets BENCH_PEER_APPS for its harness, whose migrate creates their
+# tables, and so for every closer it starts.
+if "django_tasks_db" in os.environ.get("BENCH_PEER_APPS", "").split(","):
+    if find_spec("django.tasks") is None:  # before Django 6.0: the backport, an app of its own
+        INSTALLED_APPS.append("django_tasks")
+    INSTALLED_APPS.append("django_tasks_db")
+    TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
 # django-celery-beat users: see order_timeout.beat.install_periodic_task(). Only where
 # Celery itself is installed (the demo's environment has neither).
 if find_spec("celery") is not None and find_spec("django_celery_beat") is not None:
