@@ -98,3 +98,28 @@ def test_members_are_parsed_as_one_by_one_parsing_would() -> None:
     for malformed in ("", "042", "4 2", "x"):
         with pytest.raises(ValueError):
             parse(malformed)
+
+
+def test_the_batch_statements_find_their_rows_by_the_primary_key() -> None:
+    """The locking SELECT and the close's UPDATE name the batch by key, and the database reads
+    only those rows: on MySQL a boolean expression in WHERE (``(...) = 1``) would scan the table."""
+    if connection.vendor != "mysql":
+        pytest.skip("the MySQL backend's way of writing a boolean expression in WHERE")
+    from django.db import transaction
+
+    from order_timeout.db.locks import lock_orders
+
+    orders = Order.objects.bulk_create([Order(expires_at=timezone.now()) for _ in range(300)])
+    keys = [order.pk for order in orders[100:110]]
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        lock_orders(Order._base_manager, keys)
+        Order._base_manager.filter(Order.unpaid_q(), KeysIn(keys)).update(close_reason="x")
+    statements = [query["sql"] for query in queries.captured_queries
+                  if query["sql"].startswith(("SELECT", "UPDATE")) and "IN (" in query["sql"]]
+    assert len(statements) == 2, statements
+    with connection.cursor() as cursor:
+        for sql in statements:
+            cursor.execute("EXPLAIN " + sql)
+            columns = [column[0] for column in cursor.description]
+            plan = dict(zip(columns, cursor.fetchone(), strict=True))
+            assert (plan["key"], int(plan["rows"])) == ("PRIMARY", 10), (sql[:120], plan)

@@ -16,37 +16,35 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.core.exceptions import EmptyResultSet
-from django.db.models import BooleanField, Expression, Field
+from django.db.models import F, Field, Lookup
 
 # Primary key fields whose parsed keys (Python ints) go to the driver as they are.
 _INTEGER_FIELDS = frozenset({"AutoField", "BigAutoField", "SmallAutoField", "IntegerField", "BigIntegerField",
                              "SmallIntegerField", "PositiveIntegerField", "PositiveBigIntegerField"})
 
 
-class KeysIn(Expression):
-    """True for rows whose primary key is one of ``keys``: ``filter(KeysIn(keys))``."""
+class KeysIn(Lookup):
+    """True for rows whose primary key is one of ``keys``: ``filter(KeysIn(keys))``.
 
-    conditional = True
-    output_field = BooleanField()
+    A ``Lookup``, not a bare boolean expression: MySQL's backend writes any other conditional
+    expression in a WHERE clause as ``(...) = 1``, which no index serves (every batch would scan
+    the table); a lookup is written as it is, and the primary key's range serves it.
+    """
+
+    lookup_name = "keys_in"
+    prepare_rhs = False
 
     def __init__(self, keys: Sequence[Any]) -> None:
-        super().__init__()
-        self.keys = list(keys)
-        self.column: Any = None
-
-    def resolve_expression(self, query: Any = None, allow_joins: bool = True, reuse: Any = None,
-                           summarize: bool = False, for_save: bool = False) -> KeysIn:
-        resolved = self.copy()
-        resolved.column = query.resolve_ref("pk", allow_joins, reuse, summarize)
-        return resolved
+        super().__init__(F("pk"), list(keys))
 
     def as_sql(self, compiler: Any, connection: Any) -> Any:
-        if not self.keys:
+        keys = self.rhs
+        if not keys:
             raise EmptyResultSet
-        column_sql, column_params = compiler.compile(self.column)
-        field: Field[Any, Any] = self.column.target
-        if field.get_internal_type() in _INTEGER_FIELDS and all(type(key) is int for key in self.keys):
+        column_sql, column_params = compiler.compile(self.lhs)
+        field: Field[Any, Any] = self.lhs.target
+        if field.get_internal_type() in _INTEGER_FIELDS and all(type(key) is int for key in keys):
             # Exactly int (not bool, not a subclass with its own __str__): its str() is its digits.
-            return f"{column_sql} IN ({', '.join(map(str, self.keys))})", tuple(column_params)
-        params = [field.get_db_prep_value(key, connection, prepared=False) for key in self.keys]
+            return f"{column_sql} IN ({', '.join(map(str, keys))})", tuple(column_params)
+        params = [field.get_db_prep_value(key, connection, prepared=False) for key in keys]
         return f"{column_sql} IN ({', '.join(['%s'] * len(params))})", (*column_params, *params)
