@@ -120,6 +120,7 @@ class Reminders(OnOrderModel):
             else:
                 if pk in locked.held:
                     outcome.passed.append(key)
+                    order._timeout_held = True  # ``act`` records it passed over, and sends nothing
                 else:
                     outcome.moments[key] = order.expires_at - timedelta(milliseconds=lead)
                 due.append((key, order))
@@ -127,7 +128,7 @@ class Reminders(OnOrderModel):
 
     def act(self, due: list[Due], now: datetime, progress: Any = None) -> None:
         """Record the reminders (one INSERT), then send the ones whose order is not held."""
-        # The locking SELECT marked the held orders (its hold subquery): passed over, recorded so.
+        # ``judge`` marked the held orders (the lock's hold statement): passed over, recorded so.
         held = {key for key, order in due if getattr(order, "_timeout_held", False)}
         model, using = self.model, self.using
         _record(model, using, [(key, order.expires_at) for key, order in due], now, held=held)
