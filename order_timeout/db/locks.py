@@ -49,7 +49,7 @@ class LockedOrders:
     busy: set[Any] = field(default_factory=set)
     # Rows the hold condition holds (a payment in flight).
     held: set[Any] = field(default_factory=set)
-    # Rows that still meet the kind's condition (all of them, when it asked for no subquery).
+    # Rows that still meet the kind's condition (all of them, when it has none to ask).
     pending: set[Any] = field(default_factory=set)
     # Rows its settled condition says are settled (paid by another column): never acted on.
     settled: set[Any] = field(default_factory=set)
