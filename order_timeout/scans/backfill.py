@@ -3,13 +3,18 @@
 Rows keep ``expires_at`` NULL after the migration, so nothing is scheduled or
 closed behind the shop's back. ``plan()`` says what a backfill would do;
 ``run()`` does it in chunks, each chunk committed and then scheduled.
+
+A declared timer whose deadline is a column has its deadlines already, but
+rows pending before it was declared (or written by ``bulk_create()`` and
+``update()``, which send no signals) have no member in Redis: ``TimerBackfill``
+puts them in, the overdue ones due now, the others at their deadlines.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import FieldDoesNotExist
 from django.db import models, router, transaction
@@ -18,8 +23,14 @@ from django.utils import timezone
 
 from .. import get_order_model
 from ..conf import settings
-from ..models import TimeoutOrderMixin
+from ..db.primary import on_primary
+from ..models import DeadLetter, TimeoutOrderMixin
+from ..queue import TimeoutQueue
 from ..scheduling import schedule
+from ..timers.kind import Timer
+
+if TYPE_CHECKING:
+    from .compensation import Progress
 
 
 @dataclass
@@ -44,10 +55,12 @@ class Backfill:
 
     def __init__(self, *, in_seconds: float | None = None, from_field: str | None = None,
                  timeout: float | None = None, model: type[TimeoutOrderMixin] | None = None,
-                 now: datetime | None = None, chunk_size: int | None = None) -> None:
+                 now: datetime | None = None, chunk_size: int | None = None,
+                 progress: Progress | None = None) -> None:
         if (in_seconds is None) == (from_field is None):
             raise ValueError("give either in_seconds or from_field")
         self.model = model or get_order_model()
+        self.progress = progress
         self.now = now or timezone.now()
         self.chunk_size = chunk_size or settings.COMPENSATION_CHUNK
         self.from_field = from_field
@@ -103,4 +116,117 @@ class Backfill:
                 schedule(self.model._base_manager.db_manager(using).filter(pk__in=pks).only(
                     "pk", self.model.TIMEOUT_STATUS_FIELD, "expires_at"))
             plan.done += len(pks)
+            if self.progress:
+                self.progress(plan.done, max(plan.dated, plan.done))
         return plan
+
+
+# A deadline at ``now`` itself is due: the walk of the due rows ends just after it (both
+# databases keep a DateTimeField to the microsecond).
+_TICK = timedelta(microseconds=1)
+
+
+@dataclass
+class TimerBackfillPlan:
+    """What scheduling a column timer's pending rows found (``dry_run``: would do)."""
+
+    timer: str
+    # Pending rows with a deadline; of them, past it (due now) and ahead of it.
+    examined: int = 0
+    due: int = 0
+    future: int = 0
+    # Put in Redis, which held no member for them (with dry_run: would be).
+    scheduled: int = 0
+    # Of those, past their deadline: the consumer acts on them at once.
+    overdue_at_once: int = 0
+    # Held in Redis at a later score than their deadline: moved to it (a member only moves earlier).
+    moved_earlier: int = 0
+    # Held in Redis and left as they are: no later than their deadline, leased to a consumer, or
+    # due and waiting for a retry or a hold's next look (pulled forward, a retry's backoff is lost).
+    kept: int = 0
+    # An open dead letter waits for staff: left to them, never put back behind their backs.
+    dead_letters: int = 0
+    dry_run: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class TimerBackfill:
+    """Put a column timer's pending rows in its queue: those past their deadline due now, the others
+    at their deadlines; ``plan()`` says what ``run()`` would do. Only Redis changes: the rows carry
+    their deadlines already."""
+
+    def __init__(self, timer: Timer, *, queue: TimeoutQueue | None = None, now: datetime | None = None,
+                 chunk_size: int | None = None, progress: Progress | None = None) -> None:
+        if timer.deadline is None:
+            raise ValueError(
+                f"{timer!r} keeps its deadlines in the app's table (deadline = None), not in a column: "
+                "set_deadline() gives a row its deadline and schedules it, and "
+                f"order_timeout_redate --timer {timer.name} asks deadline_for() again for every pending row.")
+        self.timer = timer
+        self.queue = (queue or TimeoutQueue.from_settings()).of_kind(timer.key_space)
+        self.now = now or timezone.now()
+        self.chunk_size = chunk_size or settings.COMPENSATION_CHUNK
+        self.progress = progress
+
+    def plan(self) -> TimerBackfillPlan:
+        return self._walk(dry_run=True)
+
+    def run(self) -> TimerBackfillPlan:
+        return self._walk(dry_run=False)
+
+    def _walk(self, *, dry_run: bool) -> TimerBackfillPlan:
+        plan = TimerBackfillPlan(timer=self.timer.name, dry_run=dry_run)
+        due_before = self.now + _TICK
+        # Counted once, for the bar only.
+        total = (self.timer.count(before=due_before) + self.timer.count(after=self.now)) if self.progress else 0
+        walks = ((True, self.timer.overdue(due_before, self.chunk_size)),
+                 (False, self.timer.upcoming(self.now, None, self.chunk_size)))
+        for due, chunks in walks:
+            for rows in chunks:
+                self._schedule(rows, plan, due=due, dry_run=dry_run)
+                if self.progress:
+                    self.progress(plan.examined, max(total, plan.examined))
+        return plan
+
+    def _schedule(self, rows: list[tuple[Any, datetime]], plan: TimerBackfillPlan, *, due: bool,
+                  dry_run: bool) -> None:
+        plan.examined += len(rows)
+        if due:
+            plan.due += len(rows)
+        else:
+            plan.future += len(rows)
+        buried = set(on_primary(DeadLetter).filter(
+            order_model=self.timer.model._meta.label, timer=self.timer.name, resolved_at__isnull=True,
+            order_id__in=[str(pk) for pk, _ in rows]).values_list("order_id", flat=True))
+        scores = self.timer.scores([(pk, at) for pk, at in rows if str(pk) not in buried])
+        plan.dead_letters += len(rows) - len(scores)
+        missing: dict[str, int] = {}
+        earlier: dict[str, int] = {}
+        for member, where in self.queue.positions(scores).items():
+            score = scores[member]
+            if where.lease_ms is not None:
+                plan.kept += 1  # a consumer has it in hand: it acks it or puts it back itself
+            elif where.unreadable:
+                earlier[member] = score  # a score no deadline can have: lowered to the row's
+                plan.scheduled += 1
+                plan.overdue_at_once += due
+            elif where.pending_ms is None:
+                missing[member] = score
+            elif due or where.pending_ms <= score:
+                plan.kept += 1
+            else:
+                earlier[member] = score
+                plan.moved_earlier += 1
+        if dry_run:
+            added = len(missing)
+        else:
+            # NX for the missing: one that came back since positions() (a save, a consumer's retry)
+            # keeps its score. LT for the others: only ever earlier (schedule.lua).
+            added = self.queue.schedule(missing, only_missing=True) if missing else 0
+            if earlier:
+                self.queue.schedule(earlier)
+        plan.scheduled += added
+        plan.overdue_at_once += added if due else 0
+        plan.kept += len(missing) - added

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import FieldError, ImproperlyConfigured
 from django.db import router, transaction
@@ -35,6 +35,9 @@ from ..scheduling import schedule
 from ..timers.deadlines import OutsideDeadlines
 from ..timers.kind import Timer
 from ..timers.registry import ORDER_TIMEOUT
+
+if TYPE_CHECKING:
+    from .compensation import Progress
 
 logger = logging.getLogger("order_timeout")
 
@@ -102,8 +105,9 @@ class Redate:
 
     def __init__(self, *, where: Q | None = None, undated: bool = False,
                  model: type[TimeoutOrderMixin] | None = None, chunk_size: int | None = None,
-                 timer: Timer | None = None) -> None:
+                 timer: Timer | None = None, progress: Progress | None = None) -> None:
         self.timer = timer
+        self.progress = progress
         if timer is not None:
             if type(timer).deadline_for is Timer.deadline_for:
                 raise ImproperlyConfigured(f"{timer!r} declares no deadline_for(): there is nothing to re-date "
@@ -137,6 +141,8 @@ class Redate:
 
     def _walk(self, *, dry_run: bool) -> RedatePlan:
         plan = RedatePlan(dry_run=dry_run)
+        # Counted once, for the bar only: rows that change meanwhile move the end, not the walk.
+        total = self.rows.count() if self.progress else 0
         last = None
         while True:
             page = self.rows.order_by("pk")
@@ -151,6 +157,8 @@ class Redate:
             else:
                 with transaction.atomic(using=self.using):
                     self._redate(pks, plan, lock=True)
+            if self.progress:
+                self.progress(plan.examined, max(total, plan.examined))
 
     def _redate(self, pks: list[Any], plan: RedatePlan, *, lock: bool) -> None:
         rows = self.rows.filter(pk__in=pks).order_by("pk")

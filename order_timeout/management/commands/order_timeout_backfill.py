@@ -1,4 +1,5 @@
-"""``manage.py order_timeout_backfill``: deadlines for unpaid orders that have none (adoption)."""
+"""``manage.py order_timeout_backfill``: deadlines for unpaid orders that have none (adoption), or a
+column timer's pending rows put in its queue (``--timer``)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,21 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from order_timeout.exceptions import OrderTimeoutError
-from order_timeout.scans.backfill import Backfill, BackfillPlan
+from order_timeout.scans.backfill import Backfill, BackfillPlan, TimerBackfill, TimerBackfillPlan
+from order_timeout.scans.compensation import Progress
 from order_timeout.scans.redate import Redate
+from order_timeout.timers.kind import Timer
+from order_timeout.timers.registry import registry
 
-from .order_timeout_redate import summary
+from ..progress import terminal_progress
+from .order_timeout_redate import acted_on_at_once, pending_rows, summary
 from .run_timeout_consumer import seconds
 
 
 class Command(BaseCommand):
     help = ("Give unpaid orders without a deadline one: now + --in seconds, their own "
             "--from-field + --timeout, or what DEADLINE_POLICY answers for each (--policy). "
+            "Or put a declared timer's pending rows in its queue at their deadlines (--timer). "
             "Says what it will do with --dry-run.")
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -30,6 +36,10 @@ class Command(BaseCommand):
         source.add_argument("--policy", action="store_true",
                             help="Each order's deadline is what DEADLINE_POLICY answers for it (an order it "
                                  "answers None for keeps none; one it fails for is left and reported).")
+        source.add_argument("--timer", metavar="NAME",
+                            help="A declared timer whose deadline is a column: put its pending rows in its "
+                                 "queue, those past their deadline due now (order_timeout_status lists the "
+                                 "timers).")
         parser.add_argument("--timeout", type=seconds, default=None,
                             help="Seconds added to --from-field (default: DEFAULT_TIMEOUT).")
         parser.add_argument("--dry-run", action="store_true", help="Report; change nothing.")
@@ -37,26 +47,40 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if options["timeout"] is not None and not options["from_field"]:
             raise CommandError("--timeout goes with --from-field.")
-        if options["policy"]:
-            self._by_policy(dry_run=options["dry_run"])
-            return
+        dry_run = options["dry_run"]
+        with terminal_progress(self.stdout) as progress:
+            if options["timer"] is not None:
+                text = self._timer(declared_timer(options["timer"]), dry_run=dry_run, progress=progress)
+            elif options["policy"]:
+                text = self._by_policy(dry_run=dry_run, progress=progress)
+            else:
+                text = self._orders(options, dry_run=dry_run, progress=progress)
+        self.stdout.write(text)
+
+    def _orders(self, options: dict[str, Any], *, dry_run: bool, progress: Progress | None) -> str:
         try:
             backfill = Backfill(in_seconds=options["in_seconds"], from_field=options["from_field"],
-                                timeout=options["timeout"])
-            plan = backfill.plan() if options["dry_run"] else backfill.run()
-        except ValueError as exc:
+                                timeout=options["timeout"], progress=progress)
+            plan = backfill.plan() if dry_run else backfill.run()
+        except (ValueError, OrderTimeoutError) as exc:
             raise CommandError(str(exc)) from exc
-        except OrderTimeoutError as exc:
-            raise CommandError(str(exc)) from exc
-        self.stdout.write(self._summary(plan, dry_run=options["dry_run"]))
+        return self._summary(plan, dry_run=dry_run)
 
-    def _by_policy(self, *, dry_run: bool) -> None:
+    def _by_policy(self, *, dry_run: bool, progress: Progress | None) -> str:
         try:
-            backfill = Redate(undated=True)
+            backfill = Redate(undated=True, progress=progress)
             plan = backfill.plan() if dry_run else backfill.run()
         except (ValueError, ImproperlyConfigured, OrderTimeoutError) as exc:
             raise CommandError(str(exc)) from exc
-        self.stdout.write(summary(plan, "unpaid orders without a deadline"))
+        return summary(plan, "unpaid orders without a deadline")
+
+    def _timer(self, timer: Timer, *, dry_run: bool, progress: Progress | None) -> str:
+        try:
+            backfill = TimerBackfill(timer, progress=progress)
+            plan = backfill.plan() if dry_run else backfill.run()
+        except (ValueError, OrderTimeoutError) as exc:
+            raise CommandError(f"--timer: {exc}") from exc
+        return timer_summary(plan, timer)
 
     @staticmethod
     def _summary(plan: BackfillPlan, *, dry_run: bool) -> str:
@@ -71,6 +95,30 @@ class Command(BaseCommand):
                          f"to {plan.latest:%Y-%m-%d %H:%M:%S %Z}.")
         if plan.overdue_at_once:
             lines.append(f"{plan.overdue_at_once} of them {'would be' if dry_run else 'are'} "
-                         "overdue at once: the consumer closes them as soon as they are scheduled "
-                         "(order_expired fires for each).")
+                         f"overdue at once: {acted_on_at_once(None)}.")
         return "\n".join(lines)
+
+
+def declared_timer(name: str) -> Timer:
+    """The declared timer named ``name``; a CommandError naming those there are otherwise (the
+    order close is this command without --timer)."""
+    declared = {timer.name: timer for timer in registry.declared()}
+    if name not in declared:
+        names = ", ".join(repr(known) for known in declared) or "none"
+        raise CommandError(f"--timer: no declared timer named {name!r} (declared: {names}); the unpaid "
+                           "orders are backfilled without --timer.")
+    return declared[name]
+
+
+def timer_summary(plan: TimerBackfillPlan, timer: Timer) -> str:
+    """A timer's backfill in words, for people."""
+    would = "would be " if plan.dry_run else ""
+    lines = [f"{plan.examined} {pending_rows(timer)} have a deadline; {plan.scheduled} {would}put in Redis, "
+             f"{plan.moved_earlier} {would}moved earlier to their deadlines, {plan.kept} already there, "
+             "left as they are."]
+    if plan.overdue_at_once:
+        lines.append(f"{plan.overdue_at_once} of them {'would be' if plan.dry_run else 'are'} overdue at once: "
+                     f"{acted_on_at_once(timer)}.")
+    if plan.dead_letters:
+        lines.append(f"{plan.dead_letters} wait as open dead letters and were left to staff.")
+    return "\n".join(lines)
