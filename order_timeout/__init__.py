@@ -22,6 +22,10 @@ def get_order_model() -> type[TimeoutOrderMixin]:
     from .models import TimeoutOrderMixin
 
     label = settings.ORDER_MODEL
+    if label is None:
+        raise ImproperlyConfigured(
+            "ORDER_TIMEOUT['ORDER_MODEL'] is None: this project has no order close (its timers, declared "
+            "with order_timeout.timers, run without one)")
     try:
         model = apps.get_model(label, require_ready=False)
     except ValueError as exc:

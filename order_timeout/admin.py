@@ -8,14 +8,15 @@ from typing import Any
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Model, QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _, ngettext
 
 from . import get_order_model
-from .exceptions import QueueUnavailable
+from .conf import settings
+from .exceptions import QueueUnavailable, Refused
 from .models import DeadLetter, Deadline, Order, Reminder, TimeoutOverview
 from .reporting import overview
 from .timers import staff
@@ -41,7 +42,25 @@ class OverdueFilter(admin.SimpleListFilter):
         }.get(self.value() or "", lambda: queryset)()
 
 
-class TimeoutOrderAdminMixin:
+class RefusalsAsMessagesMixin:
+    """A save the app refuses (``OrderClosed``, ``StaleOrderStatus``: the deadline closed the order
+    while the form was open) is an error message on the same page, never a server error.
+
+    The form's own validation says so before the save when it can (``TimeoutOrderMixin.clean``);
+    this catches the save that lost the race, after which nothing was written (the admin's
+    transaction is rolled back) and the page shows the row as it is now.
+    """
+
+    def changeform_view(self, request: HttpRequest, object_id: str | None = None, form_url: str = "",
+                        extra_context: dict[str, Any] | None = None) -> Any:
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)  # type: ignore[misc]
+        except Refused as refusal:
+            self.message_user(request, str(refusal), messages.ERROR)  # type: ignore[attr-defined]
+            return HttpResponseRedirect(request.get_full_path())
+
+
+class TimeoutOrderAdminMixin(RefusalsAsMessagesMixin):
     """Add the deadline columns, filter and read-only close fields to a shop's own order admin.
 
     Put it first among the bases of the admin class you already have; it
@@ -99,7 +118,7 @@ class TimeoutOrderAdmin(TimeoutOrderAdminMixin, admin.ModelAdmin):
 
 # Shops with their own order model register it themselves (see docs/existing-model.md).
 # Read when the admin is autodiscovered, after settings are loaded and checked.
-if get_order_model() is Order:
+if settings.closes_orders() and get_order_model() is Order:
     admin.site.register(Order, TimeoutOrderAdmin)
 
 
@@ -305,6 +324,8 @@ def _dead_letter_permissions(site: admin.AdminSite, request: HttpRequest) -> dic
 
 
 def _overdue_orders_url(site: admin.AdminSite, request: HttpRequest) -> str:
+    if not settings.closes_orders():
+        return ""
     model = get_order_model()
     if not site.is_registered(model):
         return ""

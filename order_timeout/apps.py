@@ -20,6 +20,7 @@ class OrderTimeoutConfig(AppConfig):
 
         # Fail at start-up, naming the key, rather than on the first order.
         settings.load()
-        connect_receivers(get_order_model())
+        if settings.closes_orders():
+            connect_receivers(get_order_model())
         # The timers shops declare in a timers.py of their apps, as admin.py is found.
         autodiscover_modules("timers")

@@ -100,11 +100,32 @@ def check_order_model(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
 
 
 @checks.register(checks.Tags.models, TAG)
+def check_order_table(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The app's own order model, as ORDER_MODEL, needs the table that ``WithoutOrderTable`` keeps
+    from migrate: every close would fail on a missing table."""
+    from django.db import router
+
+    from .models import Order
+    from .routers import migrates_order_table
+
+    if settings.ORDER_MODEL is None or settings.ORDER_MODEL.lower() != Order._meta.label_lower \
+            or migrates_order_table(router.db_for_write(Order)):
+        return []
+    return [checks.Error(
+        "ORDER_TIMEOUT['ORDER_MODEL'] is 'order_timeout.Order', but DATABASE_ROUTERS keep its table "
+        "from migrate (order_timeout.routers.WithoutOrderTable).",
+        hint="Set ORDER_MODEL to None (no order close: your timers only), or drop the router.",
+        id="order_timeout.E019")]
+
+
+@checks.register(checks.Tags.models, TAG)
 def check_conditions(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """HOLD_CONDITION and SETTLED_CONDITION must compile against the order model: a mistake here
     would fail every due order."""
     from .db.locks import validate_conditions
 
+    if not settings.closes_orders():
+        return []  # no order close: nothing reads these conditions (the settings refuse them)
     try:
         model = get_order_model()
         validate_conditions(model)
@@ -176,7 +197,7 @@ _KEY_LENGTHS = {"AutoField": 20, "BigAutoField": 20, "SmallAutoField": 6, "Integ
                 "PositiveBigIntegerField": 20, "PositiveSmallIntegerField": 5, "UUIDField": 36}
 
 
-def check_key_fits(model: Any) -> list[checks.CheckMessage]:
+def check_key_fits(model: Any, whose: str = "the order model") -> list[checks.CheckMessage]:
     """The order's key, as text, must fit the columns that record it: a dead letter's or a
     reminder's ``order_id``. One that does not fails its INSERT, and a failing close would be
     tried again every retry delay for ever instead of becoming a dead letter."""
@@ -192,7 +213,7 @@ def check_key_fits(model: Any) -> list[checks.CheckMessage]:
     return [checks.Error(
         f"{model._meta.label}'s primary key {key.name!r} ({type(key).__name__}) is {size} as text; "
         f"dead letters and reminders record it in {room} characters.",
-        hint=f"Give the order model a primary key that fits in {room} characters (an integer, a UUID, "
+        hint=f"Give {whose} a primary key that fits in {room} characters (an integer, a UUID, "
              f"a CharField of max_length <= {room}).",
         obj=model, id="order_timeout.E015")]
 
@@ -631,7 +652,7 @@ def timer_messages(timer: Any) -> list[checks.CheckMessage]:
                 f"{where}.{attribute} does not fit {model._meta.label}: {problem}",
                 hint="A Q over the model's own fields and relations; consumers would fail every due row.",
                 obj=model, id="order_timeout.E017"))
-    for message in check_key_fits(model):
+    for message in check_key_fits(model, whose=model._meta.label):
         messages.append(checks.Error(f"{where}: {message.msg}", hint=message.hint, obj=model,
                                      id="order_timeout.E017"))
     if timer.deadline is not None and not any(

@@ -50,7 +50,9 @@ DEFAULTS: dict[str, Any] = {
     # deadlines right behind it close in the same batch: fewer database
     # statements per close under a steady stream, for at most this much lateness.
     "BATCH_WINDOW": 0.003,
-    # "app_label.ModelName" of the order model, a subclass of TimeoutOrderMixin.
+    # "app_label.ModelName" of the order model, a subclass of TimeoutOrderMixin. None: the
+    # project has no order close of the app's (a framework's order, declared as a timer from
+    # outside): no order section in the reports, no query of the app's order table.
     "ORDER_MODEL": "order_timeout.Order",
     # Seconds one Redis round trip may take when a save schedules its order
     # (after commit, in the request): a hung Redis costs a request at most
@@ -202,8 +204,23 @@ def _key_prefix(key: str, value: Any) -> None:
 
 
 def _model_label(key: str, value: Any) -> None:
-    if not isinstance(value, str) or not _MODEL_LABEL_RE.match(value):
-        raise _setting_error(key, f"must be of the form 'app_label.ModelName', got {value!r}.")
+    if value is not None and (not isinstance(value, str) or not _MODEL_LABEL_RE.match(value)):
+        raise _setting_error(key, f"must be of the form 'app_label.ModelName' (or None: no order close), "
+                                  f"got {value!r}.")
+
+
+# The keys that configure the order close only: set with no ORDER_MODEL, they would do nothing.
+ORDER_CLOSE_KEYS = ("REMINDERS", "HOLD_CONDITION", "SETTLED_CONDITION", "CLOSE_FIELDS")
+
+
+def _order_close_keys(values: dict[str, Any]) -> None:
+    if values["ORDER_MODEL"] is not None:
+        return
+    for key in ORDER_CLOSE_KEYS:
+        if values[key] != DEFAULTS[key]:
+            raise _setting_error(key, "configures the order close, but ORDER_MODEL is None (no order close): "
+                                      "set ORDER_MODEL, or declare what you need on your timer "
+                                      "(hold, settled, values: docs/timers.md).")
 
 
 def _token(key: str, value: Any) -> None:
@@ -345,7 +362,12 @@ class OrderTimeoutSettings:
         values = {**DEFAULTS, **user}
         for key, validate in VALIDATORS.items():
             validate(key, values[key])
+        _order_close_keys(values)
         return values
+
+    def closes_orders(self) -> bool:
+        """Whether the app's own order close runs (``ORDER_MODEL`` is not None)."""
+        return self.load()["ORDER_MODEL"] is not None
 
 
     def hold_condition(self) -> Q | None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import Error as DatabaseError, close_old_connections, router
+from django.db import DEFAULT_DB_ALIAS, Error as DatabaseError, close_old_connections, router
 
 from .checks import close_field_messages
 from .conf import MAX_BATCH_SIZE, settings
@@ -144,11 +144,13 @@ class Consumer:
     ) -> None:
         # The order close (and its reminders) of ``model`` when it is not ORDER_MODEL.
         self.kinds = registry.kinds_for(model, kinds)
-        self.model = model or ORDER_TIMEOUT.model
+        # None: no order close (ORDER_MODEL is None), only declared timers.
+        self.model = model or (ORDER_TIMEOUT.model if settings.closes_orders() else None)
         # A setting (or declaration) mistake must stop the consumer here, never fail the rows it claims.
-        validate_conditions(self.model)
-        for problem in close_field_messages(self.model)[:1]:
-            raise ImproperlyConfigured(f"{problem.msg} {problem.hint}")
+        if self.model is not None:
+            validate_conditions(self.model)
+            for problem in close_field_messages(self.model)[:1]:
+                raise ImproperlyConfigured(f"{problem.msg} {problem.hint}")
         for kind in self.kinds:
             kind.validate()
         # Every locked row's DATETIME columns, decoded in C (the same values).
@@ -165,7 +167,9 @@ class Consumer:
         self.stats = ConsumerStats()
         # Counted only where someone reads them (run_timeout_consumer --metrics-port).
         self.metrics = metrics or ConsumerMetrics(enabled=False)
-        self.using = router.db_for_write(self.model)
+        # The database whose clock the consumer follows: the order close's, else its first kind's.
+        self.using = (router.db_for_write(self.model) if self.model is not None
+                      else self.kinds[0].using if self.kinds else DEFAULT_DB_ALIAS)
         self.clock = DatabaseClock(now, follow_database=follow_database_clock)
         self.watch = BatchWatch(self.lease_seconds)
         self.lifecycle = Lifecycle(clock=self.clock, watch=self.watch, metrics=self.metrics,

@@ -1,5 +1,11 @@
 """The exceptions this app raises; catch ``OrderTimeoutError`` to catch them all."""
 
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+
 
 class OrderTimeoutError(Exception):
     """Base of every error raised by order_timeout."""
@@ -9,12 +15,43 @@ class QueueUnavailable(OrderTimeoutError):
     """Redis could not be reached or refused a command; the cause is chained."""
 
 
-class OrderClosed(OrderTimeoutError):
+class Refused(OrderTimeoutError, ValidationError):
+    """A move of a row the app refuses: also a ``ValidationError``, so a framework that turns
+    validation errors into its own answers (a form's errors, a GraphQL mutation's error list, an
+    API's 400) shows the refusal as an ordinary error, never a server error.
+
+    Its ``code`` is Django's generic ``"invalid"``, the one code every framework's error codes
+    know (Saleor's ``OrderErrorCode.INVALID``: a code outside its enum fails the whole mutation);
+    ``reason`` names the case for the shop's own code. ``str()`` is the message alone (not a
+    ValidationError's list)."""
+
+    reason = "refused"
+
+    def __init__(self, message: Any, code: str = "invalid", params: dict[str, Any] | None = None) -> None:
+        ValidationError.__init__(self, message, code, params)
+
+    def __str__(self) -> str:
+        message = str(self.message)
+        return message % self.params if self.params else message
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self)!r})"
+
+    def __reduce__(self) -> Any:
+        return type(self), (self.message, self.code, self.params)
+
+
+class OrderClosed(Refused):
     """The order was already closed (its deadline passed), so it cannot be paid or extended."""
 
+    reason = "order_closed"
 
-class StaleOrderStatus(OrderTimeoutError):
-    """A save would overwrite a paid or closed row with an older status (the object was stale)."""
+
+class StaleOrderStatus(Refused):
+    """A save would overwrite a paid or closed row with an older status (the object was stale),
+    or, on a guarded model, a row the timer acted on since the object was loaded."""
+
+    reason = "stale_order_status"
 
 
 class ImmediateShutdown(SystemExit):

@@ -24,6 +24,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from .conf import settings
+from .db.columns import auto_now_values
 from .exceptions import OrderClosed, StaleOrderStatus
 from .signals import timeout_state_changed
 
@@ -177,7 +178,9 @@ class TimeoutOrderMixin(models.Model):
     def closing_values(cls, now: datetime, reason: str = TIMEOUT_REASON) -> dict[str, Any]:
         """The columns a timeout close writes: the status, ``closed_at``, ``close_reason``, and the
         shop's own fields ``ORDER_TIMEOUT['CLOSE_FIELDS']`` names (the time or the reason)."""
-        values = {cls.TIMEOUT_STATUS_FIELD: cls.TIMEOUT_CLOSED_STATUS, "closed_at": now, "close_reason": reason}
+        # The model's auto_now fields too (Saleor's updated_at): a bare UPDATE would leave them stale.
+        values = {**auto_now_values(cls, now),
+                  cls.TIMEOUT_STATUS_FIELD: cls.TIMEOUT_CLOSED_STATUS, "closed_at": now, "close_reason": reason}
         for name, what in settings.CLOSE_FIELDS.items():
             values[name] = now if what == "time" else reason
         return values
@@ -190,6 +193,11 @@ class TimeoutOrderMixin(models.Model):
         instance._remember_db_state()
         instance._queue_state = instance._db_state
         return instance
+
+    def refresh_from_db(self, *args: Any, **kwargs: Any) -> None:
+        """Read the row again: this copy is no longer stale (a later save is judged on this read)."""
+        super().refresh_from_db(*args, **kwargs)
+        self._remember_db_state()
 
     def _timeout_state(self) -> tuple[Any, Any]:
         return (self.__dict__.get(self.TIMEOUT_STATUS_FIELD), self.__dict__.get("expires_at"))
@@ -254,6 +262,19 @@ class TimeoutOrderMixin(models.Model):
                 self._remember_db_state_on_commit(using, (
                     self.timeout_status if writes_status else current[0],
                     self.expires_at if writes_deadline else current[1]))
+
+    def clean(self) -> None:
+        """Model validation (a ModelForm, the admin): a status move ``save()`` would refuse is the
+        form's own error, not a server error when it saves. ``save()`` checks again under the row
+        lock, which decides."""
+        super().clean()
+        if self._state.adding or self.pk is None:
+            return
+        using = self._state.db or router.db_for_read(type(self), instance=self)
+        current = (type(self)._base_manager.db_manager(using).filter(pk=self.pk)
+                   .values_list(self.TIMEOUT_STATUS_FIELD, "expires_at", "closed_at").first())
+        if current is not None:
+            self._refuse_unsafe_move(*current)
 
     def _remember_db_state_on_commit(self, using: str, state: tuple[Any, Any]) -> None:
         """Only a committed save changes what the row holds: after a rollback the copy's

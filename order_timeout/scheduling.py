@@ -113,10 +113,9 @@ def forget(kinds: Sequence[Timer], rows: Iterable[Any]) -> None:
 
 def order_kinds() -> list[Timer]:
     """The kinds that follow the order model's rows: the close, and the reminders if any are asked for."""
-    from .conf import settings
-    from .timers.registry import ORDER_TIMEOUT, REMINDERS
+    from .timers.registry import order_kinds as kinds
 
-    return [ORDER_TIMEOUT, *([REMINDERS] if settings.REMINDERS else [])]
+    return kinds()
 
 
 def schedule(orders: Iterable[TimeoutOrderMixin]) -> None:

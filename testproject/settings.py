@@ -29,6 +29,7 @@ INSTALLED_APPS = [
     "order_timeout",
     "testproject.shop",
     "testproject.saleorlike",
+    "testproject.tickets",
 ]
 if os.environ.get("BENCH") == "1":  # the benchmark's commit-time recorder (bench/)
     INSTALLED_APPS.append("bench")

@@ -308,6 +308,18 @@ def test_a_stale_copy_cannot_move_a_closed_order_along_the_pipeline(make_order, 
 
 
 @use_shop
+def test_a_copy_read_again_after_the_close_may_move_it_on(make_order, consumer):
+    """refresh_from_db() is a read like any other: the copy saw the close, so its move is the shop's."""
+    dashboard_copy = make_order(in_seconds=-1)
+    consumer().run(once=True)
+
+    dashboard_copy.refresh_from_db()
+    dashboard_copy.set_status("Archived")
+
+    assert ShopOrder.objects.get(pk=dashboard_copy.pk).status == "Archived"
+
+
+@use_shop
 def test_the_shop_may_move_a_closed_order_on_to_another_settled_value(make_order, consumer):
     order = make_order(in_seconds=-1)
     consumer().run(once=True)
@@ -598,7 +610,7 @@ def test_backfill_from_the_shops_own_date_schedules_every_unpaid_order(make_orde
 
 
 @pytest.mark.parametrize("args, message", [
-    ([], "one of the arguments --in --from-field --policy is required"),
+    ([], "one of the arguments --in --from-field --policy --timer is required"),
     (["--in", "60", "--from-field", "date_placed"], "not allowed with argument"),
     (["--in", "0"], "more than 0 seconds"),
     (["--in", "60", "--timeout", "5"], "--timeout goes with --from-field"),

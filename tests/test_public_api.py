@@ -47,3 +47,4 @@ def test_the_cluster_factory_is_found_by_its_dotted_path_in_caches():
     from order_timeout.redis_cluster import ClusterConnectionFactory
 
     assert import_string("order_timeout.redis_cluster.ClusterConnectionFactory") is ClusterConnectionFactory
+

@@ -23,6 +23,7 @@ from django.utils import timezone
 from order_timeout.exceptions import OrderClosed
 from order_timeout.models import Deadline
 from order_timeout.scans.compensation import compensate
+from order_timeout.timers.members import now_score
 from order_timeout.timers.registry import registry
 from testproject.saleorlike.expiry import UnconfirmedOrderExpires
 from testproject.saleorlike.models import (
@@ -238,3 +239,83 @@ def test_a_deleted_order_takes_its_deadline_and_member_with_it(expiry, channel, 
 
     assert not Deadline.objects.filter(timer=UnconfirmedOrderExpires.name, object_id=str(pk)).exists()
     assert score_of(queue_of, str(pk)) is None
+
+
+# -- settled is not final: a refund after the charge ------------------------------------------------
+
+def test_a_charged_order_keeps_its_deadline_and_expires_once_refunded(expiry, channel, queue_of, consumer, clock,
+                                                                      settings):
+    """Tried on Saleor: fully charged, then refunded (charge status back to none), the order stayed
+    unconfirmed past its deadline with no deadline and nothing in Redis, for good."""
+    order = placed(channel, minutes_ago=WINDOW + 1, charge_status="full")
+    expiring = consumer(kinds=[expiry])
+
+    assert expiring.run(once=True).of(expiry.name).settled == 1
+    assert deadline_of(order) is not None  # settled, not done: its deadline stays
+    assert score_of(queue_of, str(order.pk)) == now_score(clock()) + 1000 * settings.ORDER_TIMEOUT.get(
+        "HOLD_RECHECK", 30)
+
+    Order.objects.filter(pk=order.pk).update(charge_status="none")  # refunded
+    clock.advance(settings.ORDER_TIMEOUT.get("HOLD_RECHECK", 30))
+    stats = expiring.run(once=True)
+
+    assert (refreshed(order).status, stats.of(expiry.name).acted) == (OrderStatus.EXPIRED, 1)
+    assert deadline_of(order) is None
+
+
+def test_a_charged_order_meanwhile_counts_as_settled_for_the_scan_and_status(expiry, channel, queue_of, settings):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "COMPENSATION_GRACE": 0}
+    order = placed(channel, minutes_ago=WINDOW + 10, charge_status="full")
+    queue_of.unschedule([str(order.pk)])
+
+    result = compensate(now=timezone.now())
+    figures = json.loads(command_output("order_timeout_status", "--json"))["timers"][expiry.name]
+
+    assert result.timers[expiry.name].examined == 0 and refreshed(order).status == OrderStatus.UNCONFIRMED
+    assert (figures["settled"], figures["overdue_in_database"], figures["held_in_database"]) == (1, 0, 0)
+    assert deadline_of(order) is not None
+
+
+def test_a_charged_order_refunded_while_redis_lost_it_is_expired_by_the_scan(expiry, channel, queue_of, settings):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "COMPENSATION_GRACE": 0}
+    order = placed(channel, minutes_ago=WINDOW + 10, charge_status="full")
+    queue_of.unschedule([str(order.pk)])
+    Order.objects.filter(pk=order.pk).update(charge_status="none")
+
+    result = compensate(now=timezone.now())
+
+    assert refreshed(order).status == OrderStatus.EXPIRED and result.timers[expiry.name].closed == 1
+
+
+def command_output(command, *args):
+    out = StringIO()
+    call_command(command, *args, stdout=out)
+    return out.getvalue()
+
+
+# -- a charge after the expiry --------------------------------------------------------------------
+
+@pytest.fixture
+def refunds():
+    """The shop's own refund of a charge reported after the expiry (testproject/saleorlike/refunds.py)."""
+    from django.db.models.signals import post_save
+
+    from testproject.saleorlike.models import TransactionItem
+    from testproject.saleorlike.refunds import refund_a_charge_after_the_expiry
+
+    post_save.connect(refund_a_charge_after_the_expiry, sender=TransactionItem, dispatch_uid="test.refunds")
+    yield
+    post_save.disconnect(sender=TransactionItem, dispatch_uid="test.refunds")
+
+
+def test_a_charge_reported_after_the_expiry_is_asked_back_once(expiry, channel, expiring, refunds):
+    from testproject.saleorlike.models import TransactionEvent
+
+    order = placed(channel, minutes_ago=WINDOW + 1)
+    expiring()
+    charge = TransactionItem.objects.create(order=order, charged_value=Decimal("10"))  # the late webhook
+    charge.save()  # Saleor saves the transaction again as it recomputes its amounts
+
+    assert refreshed(order).status == OrderStatus.EXPIRED
+    assert list(TransactionEvent.objects.values_list("type", "amount_value")) == [("refund_request", Decimal("10"))]
+

@@ -50,7 +50,8 @@ def test_an_unpaid_order_the_settled_condition_settles_is_never_closed(settled_b
 
     assert state(order) == "unpaid" and expiries(order) == 0
     assert (stats.closed, stats.skipped_paid, stats.held) == (0, 1, 0)
-    assert pending_count(queue) == 0 and leased_members(queue) == []
+    # Its deadline stays: looked at again every HOLD_RECHECK, should it stop being settled.
+    assert pending_count(queue) == 1 and leased_members(queue) == []
 
 
 @both_models
@@ -164,3 +165,21 @@ def test_close_fields_that_are_not_a_dict_of_time_or_reason_name_the_key(setting
 
     with pytest.raises(ImproperlyConfigured, match=r"ORDER_TIMEOUT\['CLOSE_FIELDS'\]"):
         order_settings.load()
+
+
+@both_models
+def test_an_order_that_stops_being_settled_is_closed_at_the_next_look(settled_by_payment, make_order, consumer,
+                                                                     clock, queue):
+    """Settled is not final: the payment refunded, the order closes HOLD_RECHECK later at most."""
+    order = make_order(in_seconds=-1)
+    payment = pay_elsewhere(order)
+    worker = consumer()
+    assert worker.run(once=True).skipped_paid == 1 and state(order) == "unpaid"
+
+    payment.state = PaymentState.FAILED  # refunded: no payment of the order has succeeded now
+    payment.save()
+    clock.advance(30)
+    stats = worker.run(once=True)
+
+    assert (state(order), stats.closed, expiries(order)) == ("closed", 1, 1)
+    assert pending_count(queue) == 0

@@ -293,6 +293,15 @@ class Shard:
                 ]
         return retries
 
+    def take(self, token: str, members: Sequence[str], now_ms: int, until_ms: int) -> list[str]:
+        taken: list[str] = []
+        with redis_errors("take members"):
+            for part in _slices(members):
+                taken += map(_text, self.scripts["take"](
+                    keys=[self.keys.pending, self.keys.leased, self.keys.owners],
+                    args=[token, now_ms, until_ms, *part]))
+        return taken
+
     def reschedule(self, token: str, deadlines: Mapping[str, int], mark: str = "",
                    since_ms: int | None = None) -> int:
         keys = self.keys
@@ -449,6 +458,12 @@ class TimeoutQueue:
         """Count a failed attempt for each member this claim holds and schedule its next try."""
         return [retry for shard, part in self.by_shard(members).items()
                 for retry in shard.retry(token, part, now_ms, delays_ms)]
+
+    def take(self, token: str, members: Iterable[str], now_ms: int, until_ms: int) -> list[str]:
+        """Lease ``members`` to ``token`` until ``until_ms``, but those a live lease of another claim
+        holds (the compensation scan's failures, so they are retried as a consumer's); the taken."""
+        return [member for shard, part in self.by_shard(members).items()
+                for member in shard.take(token, part, now_ms, until_ms)]
 
     def reschedule(self, token: str, deadlines: Mapping[str, int], *, mark: str = "",
                    since_ms: int | None = None) -> int:

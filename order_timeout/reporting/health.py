@@ -6,7 +6,7 @@ The status command, and anything else that reports on the queue, render a
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
@@ -63,8 +63,8 @@ class Health(Backlog):
     # Open dead letters: orders waiting for staff.
     dead_letters: int
     # Unpaid rows past their deadline, whatever Redis says (less those the hold
-    # condition holds: they are not overdue, they wait for their payment, and those
-    # SETTLED_CONDITION settles: they are paid by another column).
+    # condition holds within MAX_HOLD: they are not overdue, they wait for their payment,
+    # and those SETTLED_CONDITION settles: they are paid by another column).
     overdue_unpaid_in_database: int
     # Unpaid rows with no deadline: never scheduled, never scanned.
     unpaid_without_deadline: int
@@ -80,11 +80,27 @@ class Health(Backlog):
     # Rows unpaid by their status that SETTLED_CONDITION settles: paid by another column, never
     # closed (Saleor's "unconfirmed" order fully charged, waiting for staff to confirm it).
     settled_unpaid: int = 0
+    # Unpaid rows past their deadline that HOLD_CONDITION holds, within MAX_HOLD: waiting for
+    # their payment, not late (past MAX_HOLD they count as overdue).
+    held_in_database: int = 0
     # Each timer a shop declared, by name: its own backlog (``TimerHealth``).
     timers: dict[str, TimerHealth] = field(default_factory=dict)
+    # False when ORDER_MODEL is None: no order close, its figures neither read nor shown.
+    closes_orders: bool = True
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every figure; with no order close, only the timers' (and ``closes_orders``)."""
+        figures = asdict(self)
+        if not self.closes_orders:
+            return {"closes_orders": False, "timers": figures["timers"]}
+        return figures
+
+    @classmethod
+    def of_timers(cls, timers: dict[str, TimerHealth]) -> Health:
+        """The health of a project with no order close (ORDER_MODEL None): its timers only."""
+        zero: dict[str, Any] = {item.name: 0 for item in fields(cls)
+                                if item.name not in ("timers", "closes_orders", "drift")}
+        return cls(**zero, drift=None, timers=timers, closes_orders=False)
 
 
 @dataclass(frozen=True)
@@ -92,12 +108,15 @@ class TimerHealth(Backlog):
     """One declared timer's figures: the same as the order close's, in its own rows and keys."""
 
     dead_letters: int
-    # Rows still pending past their deadline, whatever Redis says.
+    # Rows still pending past their deadline, whatever Redis says, less those its hold holds
+    # within its longest hold (they wait for what holds them; past it they count here).
     overdue_in_database: int
     drift: int | None
     quarantined: int
     # Rows pending by their own columns that the timer's settled condition settles.
     settled: int = 0
+    # Rows past their deadline that its hold holds, within its longest hold.
+    held_in_database: int = 0
 
 
 def measure(now: datetime | None = None, *, model: type[TimeoutOrderMixin] | None = None,
@@ -108,35 +127,40 @@ def measure(now: datetime | None = None, *, model: type[TimeoutOrderMixin] | Non
     table, count it every few minutes, not on every request.
     """
     now = now or timezone.now()
-    model = model or get_order_model()
     queue = queue or TimeoutQueue.from_settings()
+    timers = {timer.name: _timer(timer, queue.of_kind(timer.key_space), now, drift=drift)
+              for timer in registry.declared()}
+    if model is None and not settings.closes_orders():
+        return Health.of_timers(timers)
+    model = model or get_order_model()
     stats = queue.stats(now_score(now))
     rows = model._base_manager.db_manager(router.db_for_read(model)).filter(model.unpaid_q())
     # The close's own view of its rows (the hold within MAX_HOLD, the settled condition), on the primary.
     close = OrderTimeout(model)
+    overdue, held = close.overdue_and_held(now)
     return Health(
         **Backlog.of(stats, now),
         dead_letters=DeadLetter.objects.filter(timer=ORDER_TIMEOUT.name, resolved_at__isnull=True).count(),
-        overdue_unpaid_in_database=close.overdue_count(now),
+        overdue_unpaid_in_database=overdue, held_in_database=held,
         unpaid_without_deadline=rows.filter(expires_at__isnull=True).count(),
         settled_unpaid=close.settled_count(),
         drift=count_drift(model, queue) if drift else None,
         **_reminders(queue, now, stats.quarantined),
-        timers={timer.name: _timer(timer, queue.of_kind(timer.key_space), now, drift=drift)
-                for timer in registry.declared()},
+        timers=timers,
     )
 
 
 def _timer(timer: Timer, queue: TimeoutQueue, now: datetime, *, drift: bool) -> TimerHealth:
     stats = queue.stats(now_score(now))
+    overdue, held = timer.overdue_and_held(now)
     return TimerHealth(
         **Backlog.of(stats, now),
         dead_letters=DeadLetter.objects.filter(timer=timer.name, resolved_at__isnull=True).count(),
-        overdue_in_database=timer.overdue_count(now), drift=count_drift(timer, queue) if drift else None,
+        overdue_in_database=overdue, held_in_database=held, drift=count_drift(timer, queue) if drift else None,
         quarantined=stats.quarantined, settled=timer.settled_count())
 
 
-def _reminders(queue: TimeoutQueue, now: datetime, quarantined: int) -> dict[str, int]:
+def _reminders(queue: TimeoutQueue, now: datetime, quarantined: int) -> dict[str, Any]:
     if not settings.REMINDERS:
         return {"quarantined": quarantined}
     stats = queue.of_kind(REMIND).stats(now_score(now))

@@ -171,6 +171,7 @@ class BacklogCollector:
     def collect(self) -> Iterator[Any]:
         from django.db import close_old_connections
 
+        from ..conf import settings
         from ..exceptions import OrderTimeoutError
         from ..models import DeadLetter
         from ..queue import TimeoutQueue
@@ -180,9 +181,10 @@ class BacklogCollector:
         if self.own_connections:
             close_old_connections()
         try:
+            # With no order close (ORDER_MODEL None) its queue is not read: the timers' gauges only.
             queue = TimeoutQueue.from_settings()
-            per_shard = queue.shard_stats(now_score(now))
-            drift = queue.last_drift()
+            per_shard = queue.shard_stats(now_score(now)) if settings.closes_orders() else {}
+            drift = queue.last_drift() if settings.closes_orders() else None
         except OrderTimeoutError as exc:
             logger.warning("metrics: cannot read the queue (%s)", exc)
             per_shard, drift = {}, None

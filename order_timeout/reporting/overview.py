@@ -19,6 +19,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _, ngettext
 
 from .. import get_order_model
+from ..conf import settings
 from ..models import TIMEOUT_REASON, TimeoutOrderMixin
 from .health import Health, measure
 
@@ -42,6 +43,8 @@ class Overview:
     error: str = ""
     drift: int | None = None
     minutes: list[MinuteOfCloses] = field(default_factory=list)
+    # False when ORDER_MODEL is None: the page shows the timers only.
+    closes_orders: bool = True
 
     @property
     def closes(self) -> int:
@@ -53,14 +56,16 @@ def overview(now: datetime | None = None, model: type[TimeoutOrderMixin] | None 
     from ..queue import TimeoutQueue
 
     now = now or timezone.now()
-    model = model or get_order_model()
+    closes_orders = model is not None or settings.closes_orders()
+    model = model or (get_order_model() if closes_orders else None)
     try:
         health = measure(now, model=model, drift=False)
-        drift = TimeoutQueue.from_settings().last_drift()
+        drift = TimeoutQueue.from_settings().last_drift() if closes_orders else None
         error = ""
     except OrderTimeoutError as exc:
         health, drift, error = None, None, str(exc)
-    return Overview(health=health, error=error, drift=drift, minutes=recent_lateness(model, now))
+    return Overview(health=health, error=error, drift=drift, closes_orders=closes_orders,
+                    minutes=recent_lateness(model, now) if model is not None else [])
 
 
 def recent_lateness(model: type[TimeoutOrderMixin], now: datetime) -> list[MinuteOfCloses]:

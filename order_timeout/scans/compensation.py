@@ -35,6 +35,7 @@ from ..timers.kind import Timer
 from ..timers.members import now_score
 from ..timers.registry import registry
 from ..timers.reminders import Reminders
+from ..timers.retrying import Retrier
 from ..timers.staff import resolve_settled
 from ..timers.watchdog import Watchdog, exit_stuck, stuck_after, watchdog
 
@@ -72,10 +73,15 @@ class ScanResult:
     left_to_consumers: int = 0
     # Overdue, but open dead letters: staff decide.
     left_as_dead_letters: int = 0
-    # Buried because scans kept dying while acting on them.
+    # Dead-lettered: failed after the last of RETRY_DELAYS (the consumers' rule), or scans kept
+    # dying while acting on them.
     dead_lettered: int = 0
     # Overdue rows the scan took because Redis did not hold them at all.
     missing_from_redis: int = 0
+    # Dry run: the overdue rows no consumer handles, which the scan would act on.
+    would_act: int = 0
+    # Whether the order close was scanned (False when ORDER_MODEL is None): its figures are the above.
+    closes_orders: bool = True
     elapsed_ms: float = 0.0
     # Each timer a shop declared: its own figures (the same fields, by name).
     timers: dict[str, ScanResult] = field(default_factory=dict)
@@ -120,8 +126,12 @@ class CompensationScan:
         self.exit_when_stuck = exit_when_stuck
         self._token: str | None = None
         self.lock_ms = round(1000 * settings.COMPENSATION_LOCK_SECONDS)
+        # A failure the scan meets is leased to it this long while its retry is counted.
+        self.lease_ms = round(1000 * settings.LEASE_SECONDS)
+        self.retrier = Retrier.from_settings()
         self.result = ScanResult(mode="heal" if heal else "rebuild" if rebuild else "close",
-                                 dry_run=dry_run)
+                                 dry_run=dry_run, closes_orders=any(isinstance(kind, OrderTimeout)
+                                                                    for kind in self.kinds))
         # Healing restores only what is due before the next scan could: anything
         # further ahead is restored by a later scan, still before its deadline.
         self.rebuild_until = (self.now + timedelta(seconds=2 * settings.COMPENSATION_INTERVAL)
@@ -229,7 +239,10 @@ class CompensationScan:
                                total=lambda: kind.count(before=before)):
             members = {kind.member(pk): pk for pk, _ in rows}
             dropped = self._dropped_by_consumers(kind, members, figures)
-            if self.result.dry_run or not dropped:
+            if self.result.dry_run:
+                figures.would_act += len(dropped)
+                continue
+            if not dropped:
                 continue
             # Acted on in one batch; those an earlier scan started on and never
             # finished (its process died) one at a time, or buried.
@@ -257,17 +270,41 @@ class CompensationScan:
         with limited_session(kind.using, settings.LEASE_SECONDS), self._watch(len(members)) as dog:
             outcome = act_on(kind, list(members.values()), progress=dog.pet if dog else None)
         figures.closed += len(outcome.acted)
-        figures.skipped_paid += len(outcome.settled)
+        figures.skipped_paid += len(outcome.settled) + len(outcome.kept)
         figures.not_due += len(outcome.not_due)
         figures.held += len(outcome.held)
-        self._keep_looking(kind, outcome.held)
+        # Held, or settled by the settled condition with the deadline kept: the consumers look again.
+        self._keep_looking(kind, {**outcome.held, **outcome.kept})
         figures.failed += len(outcome.failed)
-        for key, error in outcome.failed.items():
-            logger.warning("compensation scan could not act on %s (%s) error=%s: %s", kind.describe(key),
-                           kind.label, type(error).__name__, error, exc_info=error)
+        self._retry_or_give_up(kind, queue, outcome.failed, figures)
         self._forget(kind, [*outcome.acted, *outcome.settled])
         resolve_settled(kind, outcome.acted, outcome.settled, self.now)
         self._bookkeep(queue, "done_scanning", members)
+
+    def _retry_or_give_up(self, kind: Timer, queue: TimeoutQueue, failed: dict[Any, BaseException],
+                          figures: ScanResult) -> None:
+        """The scan's failures follow the consumers' rule: each is leased to this scan, then put back
+        on the queue after its next retry delay (the consumers, or the next scan, try again), and
+        past the last delay given up through its kind, a dead letter that staff see."""
+        if not failed:
+            return
+        unsettled = dict(failed)
+        if self.result.locked and self._token is not None:
+            by_key = {key: kind.member(key) for key in failed}
+            now_ms = now_score(self.now)
+            try:
+                taken = set(queue.take(self._token, list(by_key.values()), now_ms, now_ms + self.lease_ms))
+                ours = {key: error for key, error in failed.items() if by_key[key] in taken}
+                figures.dead_lettered += self.retrier.retry_or_give_up(kind, queue, self._token, ours, by_key,
+                                                                       self.now)
+                unsettled = {key: error for key, error in failed.items() if key not in ours}
+            except QueueUnavailable as unavailable:
+                logger.warning("compensation scan could not count its failures in Redis (%s); the next scan "
+                               "tries them again", unavailable)
+        for key, error in unsettled.items():
+            # Without Redis nothing counts the tries: the next scan tries again, and says so again.
+            logger.error("compensation scan could not act on %s (%s) error=%s: %s", kind.describe(key),
+                         kind.label, type(error).__name__, error, exc_info=error)
 
     def _watch(self, size: int) -> AbstractContextManager[Watchdog | None]:
         """Exit the process when one row's receivers keep the chunk for longer than a lease.

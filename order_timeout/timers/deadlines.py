@@ -14,12 +14,16 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
+from django.db.models import Q
+
 from ..db.walk import rows_by_deadline
 
 if TYPE_CHECKING:
     from .kind import Timer
 
 Rows = Iterator[list[tuple[Any, datetime]]]
+# Keys looked up per query when the app's table is counted against the rows still pending.
+_COUNT_CHUNK = 1000
 
 
 class DeadlineStore(Protocol):
@@ -39,6 +43,15 @@ class DeadlineStore(Protocol):
     def count(self, rows: Any, *, before: datetime | None = None, after: datetime | None = None,
               until: datetime | None = None) -> int:
         """How many ``walk`` would yield."""
+
+    def count_held(self, rows: Any, hold: Q, *, before: datetime, since: datetime | None) -> int:
+        """How many of ``rows`` with a deadline before ``before`` (and after ``since``) meet ``hold``."""
+
+
+def _meeting(rows: Any, condition: Q) -> Any:
+    """``rows`` that meet ``condition``, as a subquery on the key: a condition over a related
+    table must not repeat rows."""
+    return rows.filter(pk__in=rows.model._base_manager.filter(condition).values("pk"))
 
 
 class ColumnDeadlines:
@@ -66,6 +79,9 @@ class ColumnDeadlines:
     def count(self, rows: Any, *, before: datetime | None = None, after: datetime | None = None,
               until: datetime | None = None) -> int:
         return int(self._within(rows, before, after, until).count())
+
+    def count_held(self, rows: Any, hold: Q, *, before: datetime, since: datetime | None) -> int:
+        return int(_meeting(self._within(rows, before, since, None), hold).count())
 
 
 class OutsideDeadlines:
@@ -101,13 +117,24 @@ class OutsideDeadlines:
 
     def walk(self, rows: Any, chunk: int, *, before: datetime | None = None, after: datetime | None = None,
              until: datetime | None = None) -> Rows:
-        # Every deadline of the timer: whether its row is still pending, the act's re-check says.
+        """The deadlines of ``rows`` (pending, not settled): the deadline table walked in order, each
+        chunk's keys looked up among ``rows`` (one more query a chunk), so a settled row that keeps
+        its deadline is neither walked by the scan nor counted overdue."""
         for part in rows_by_deadline(self._within(before, after, until), chunk, key="object_id"):
-            yield [(self._pk(object_id), expires_at) for object_id, expires_at in part]
+            deadlines = {self._pk(object_id): expires_at for object_id, expires_at in part}
+            present = set(rows.filter(pk__in=list(deadlines)).values_list("pk", flat=True))
+            found = [(pk, expires_at) for pk, expires_at in deadlines.items() if pk in present]
+            if found:
+                yield found
 
     def count(self, rows: Any, *, before: datetime | None = None, after: datetime | None = None,
               until: datetime | None = None) -> int:
-        return int(self._within(before, after, until).count())
+        return sum(map(len, self.walk(rows, _COUNT_CHUNK, before=before, after=after, until=until)))
+
+    def count_held(self, rows: Any, hold: Q, *, before: datetime, since: datetime | None) -> int:
+        held = _meeting(rows, hold)
+        return sum(int(held.filter(pk__in=[pk for pk, _at in part]).count())
+                   for part in self.walk(rows, _COUNT_CHUNK, before=before, after=since))
 
     def put(self, row: Any, at: datetime) -> None:
         """From a save of ``row`` (which holds its lock, or just committed it): its deadline, and

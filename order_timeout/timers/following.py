@@ -23,9 +23,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from django.db import router
+from django.db.models import Q
 from django.db.models.signals import post_delete, post_init, post_save, pre_save
 
-from ..exceptions import OrderClosed
+from ..exceptions import OrderClosed, StaleOrderStatus
 from ..scheduling import follow, forget
 from .kind import NOW
 
@@ -51,11 +52,17 @@ def follow_model(timer: Timer) -> None:
         post_delete.connect(_deleted_outside(timer), sender=model, weak=False, dispatch_uid=f"{uid}.deleted")
     if timer.final:
         pre_save.connect(_guard(timer), sender=model, weak=False, dispatch_uid=f"{uid}.final")
+    if timer.guard_saves:
+        post_init.connect(_noting_acted(timer), sender=model, weak=False, dispatch_uid=f"{uid}.acted")
+        pre_save.connect(_guarding(timer), sender=model, weak=False, dispatch_uid=f"{uid}.guard")
+        post_save.connect(_noting_acted(timer), sender=model, weak=False, dispatch_uid=f"{uid}.saved-acted")
+        _note_again_on_refresh(model)
 
 
 def unfollow_model(timer: Timer) -> None:
     uid = f"order_timeout.timer.{timer.name}"
-    for signal, part in ((post_init, "init"), (post_save, "saved"), (post_delete, "deleted"), (pre_save, "final")):
+    for signal, part in ((post_init, "init"), (post_save, "saved"), (post_delete, "deleted"), (pre_save, "final"),
+                         (post_init, "acted"), (pre_save, "guard"), (post_save, "saved-acted")):
         signal.disconnect(sender=timer.model, dispatch_uid=f"{uid}.{part}")
 
 
@@ -86,10 +93,15 @@ def _saved(timer: Timer) -> Any:
 
 
 def _noting_waits(timer: Timer) -> Any:
+    follows = [_attname(timer.model, name) for name in timer.deadline_follows]
+
     def noted(sender: Any, instance: Any, **kwargs: Any) -> None:
         # Unknown (None) for a row loaded with deferred fields: waits() might read one (a query).
         waited = None if instance.get_deferred_fields() else timer.waits(instance)
-        instance.__dict__.setdefault(SEEN, {})[timer.name] = waited
+        seen = instance.__dict__.setdefault(SEEN, {})
+        seen[timer.name] = waited
+        if follows:
+            seen[f"{timer.name}:follows"] = [instance.__dict__.get(name) for name in follows]
 
     return noted
 
@@ -100,6 +112,8 @@ def _saved_outside(timer: Timer) -> Any:
     store = timer.deadlines
     assert isinstance(store, OutsideDeadlines)
 
+    follows = [_attname(timer.model, name) for name in timer.deadline_follows]
+
     def saved(sender: Any, instance: Any, raw: bool = False, created: bool = False, **kwargs: Any) -> None:
         if raw:
             return
@@ -107,12 +121,17 @@ def _saved_outside(timer: Timer) -> Any:
         waited = False if created else seen.get(timer.name)
         waits = timer.waits(instance)
         seen[timer.name] = waits
-        if waits and waited is not True:
-            if waited is None and store.of(instance) is not None:
+        followed = [instance.__dict__.get(name) for name in follows]
+        moved = bool(follows) and seen.get(f"{timer.name}:follows") != followed
+        seen[f"{timer.name}:follows"] = followed
+        if waits and (waited is not True or moved):
+            if waited is None and not moved and store.of(instance) is not None:
                 return  # waiting already, with its deadline
             at = timer.deadline_for(instance)
             if at is not None:
                 store.put(instance, at)
+            elif waited is True:
+                store.drop(instance)  # the field it follows no longer gives a deadline
         elif not waits and waited is not False:
             store.drop(instance)
 
@@ -138,6 +157,98 @@ def _deleted(timer: Timer) -> Any:
     return deleted
 
 
+def _attname(model: Any, name: str) -> str:
+    """Where a loaded instance keeps a field's value (``customer_id`` for ``customer``)."""
+    return str(getattr(model._meta.get_field(name), "attname", name))
+
+
+def _act_written(timer: Timer) -> dict[str, Any]:
+    """What the act writes that a row can be compared with (``values`` but ``NOW``), by attname."""
+    return {_attname(timer.model, name): value for name, value in timer.values.items() if value is not NOW}
+
+
+def _acted(written: dict[str, Any], instance: Any) -> bool | None:
+    """Whether the instance in hand holds what the act writes (None: a field of it is deferred)."""
+    loaded = instance.__dict__
+    if any(name not in loaded for name in written):
+        return None
+    return all(loaded[name] == value for name, value in written.items())
+
+
+def _noting_acted(timer: Timer) -> Any:
+    """post_init, post_save (and a refresh): whether the row in hand was acted on when it was read."""
+    written = _act_written(timer)
+
+    def noted(sender: Any, instance: Any, **kwargs: Any) -> None:
+        instance.__dict__.pop(UPDATE_HOOK, None)  # after a save: its hook was for that save only
+        if not kwargs.get("raw"):
+            instance.__dict__.setdefault(SEEN, {})[f"{timer.name}:acted"] = _acted(written, instance)
+
+    return noted
+
+
+def _note_again_on_refresh(model: Any) -> None:
+    """``refresh_from_db()`` reads the row again into the same instance (no post_init of its own):
+    what the guarded timers noted is noted again, so a shop that re-reads after a refusal takes
+    its own path for an acted-on row. Wrapped once per model."""
+    original = model.refresh_from_db
+    if getattr(original, "_order_timeout_notes", False):
+        return
+
+    def refresh_from_db(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        from .registry import registry
+
+        for timer in registry.of_model(type(self)):
+            if timer.guard_saves:
+                _noting_acted(timer)(type(self), self)
+
+    refresh_from_db._order_timeout_notes = True  # type: ignore[attr-defined]
+    refresh_from_db.__doc__ = original.__doc__
+    model.refresh_from_db = refresh_from_db
+
+
+# The name Django's save calls for the UPDATE of an existing row (``Model._do_update(base_qs, ...)``,
+# the same first argument in Django 5.2 and 6.x): set on the instance for one save, it makes that
+# UPDATE conditional on the row not acted on.
+UPDATE_HOOK = "_do_update"
+
+
+def _guarding(timer: Timer) -> Any:
+    """pre_save: a save of a row read before the act, writing what the act wrote, is conditional
+    on the row still not acted on: ``... WHERE pk = %s AND NOT (<what the act writes>)``. One
+    statement, so no lock is needed for it, in a transaction or not; when it matches no row that
+    exists, the act came first and the save is refused."""
+    written = _act_written(timer)
+    fields = {timer.model._meta.get_field(name).name for name in timer.values if timer.values[name] is not NOW}
+    unacted = ~Q(**{name: value for name, value in timer.values.items() if value is not NOW})
+
+    def guard(sender: Any, instance: Any, raw: bool = False, update_fields: Any = None, **kwargs: Any) -> None:
+        instance.__dict__.pop(UPDATE_HOOK, None)
+        if raw or instance._state.adding or instance.pk is None:
+            return
+        if update_fields is not None and not fields & set(update_fields):
+            return  # writes nothing the act wrote
+        if instance.__dict__.get(SEEN, {}).get(f"{timer.name}:acted") is not False \
+                or _acted(written, instance):
+            return  # read after the act (the shop's own path), unknown, or writing what the act writes
+
+        def update(base_qs: Any, *args: Any, **kwargs: Any) -> Any:
+            instance.__dict__.pop(UPDATE_HOOK, None)
+            updated = type(instance)._do_update(instance, base_qs.filter(unacted), *args, **kwargs)
+            if not updated and base_qs.filter(pk=instance.pk).exists():
+                raise StaleOrderStatus(
+                    f"{sender.__name__} {instance.pk!r} was acted on by its timer {timer.name!r} "
+                    f"({', '.join(f'{name}={value!r}' for name, value in written.items())}) after this copy "
+                    "was read; refusing to write over it. Read the row again: an acted-on row takes the "
+                    "shop's own path (a late payment, a reopening).")
+            return updated
+
+        instance.__dict__[UPDATE_HOOK] = update
+
+    return guard
+
+
 def _guard(timer: Timer) -> Any:
     """pre_save: refuse to move a row the timer acted on away from what its act wrote."""
     written = {name: value for name, value in timer.values.items() if value is not NOW}
@@ -152,8 +263,8 @@ def _guard(timer: Timer) -> Any:
         current = sender._base_manager.db_manager(using).filter(pk=instance.pk).values(*written).first()
         if current is not None and current == written:
             raise OrderClosed(
-                f"{sender.__name__} {instance.pk!r} was acted on by its timer {timer.name!r} "
-                f"({', '.join(f'{name}={value!r}' for name, value in written.items())}); "
-                "refusing to move it away from that.")
+                f"{str(sender._meta.verbose_name).capitalize()} {instance.pk} was acted on at its deadline (its "
+                f"timer {timer.name!r} wrote {', '.join(f'{name} {value!r}' for name, value in written.items())}) "
+                "and can no longer be moved away from that.")
 
     return guard

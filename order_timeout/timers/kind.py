@@ -35,6 +35,7 @@ from django.db import models, router
 from django.db.models import Q
 
 from ..conf import settings
+from ..db.columns import auto_now_values
 from ..db.keys import KeysIn
 from ..db.locks import LockedOrders, lock_orders
 from .acting import run_batch_receiver
@@ -85,6 +86,15 @@ class Timer:
     # What ``values`` writes is final: a save that moves an acted-on row away from it raises
     # ``order_timeout.exceptions.OrderClosed`` (the model's own save path; no edit of the model).
     final: ClassVar[bool] = False
+    # Saves that do not lock: a save of a row loaded before the act, that would write over what
+    # the act wrote, is refused with ``order_timeout.exceptions.StaleOrderStatus`` (its UPDATE is
+    # conditional on the row not acted on), so a stale read never undoes an act. A row read after
+    # the act saves as before (a late payment, a reopening): the shop's own path.
+    guard_saves: ClassVar[bool] = False
+    # For ``deadline = None`` with ``deadline_for``: the fields a row's deadline follows. A save of
+    # a waiting row that changes one asks ``deadline_for`` again (an unindexed framework column,
+    # mirrored into the app's indexed table, that the shop extends).
+    deadline_follows: ClassVar[tuple[str, ...]] = ()
 
     def deadline_for(self, row: Any) -> datetime | None:
         """For a timer whose deadlines live in the app's table (``deadline = None``): the deadline
@@ -264,10 +274,12 @@ class Timer:
                 outcome.busy.append(key)
             elif row is None:
                 outcome.missing.append(key)
-            elif deadline is None or not self.is_pending(row, locked) or key in locked.settled:
+            elif deadline is None or not self.is_pending(row, locked):
                 outcome.settled.append(key)
             elif now is None or deadline > now:
                 outcome.not_due[key] = deadline
+            elif key in locked.settled:
+                outcome.kept[key] = deadline
             elif key in locked.held and (longest is None or now < deadline + longest):
                 outcome.held[key] = deadline
             else:
@@ -275,10 +287,17 @@ class Timer:
                 outcome.moments[key] = deadline
         return due
 
+    def written(self, now: datetime) -> dict[str, Any]:
+        """What the act's UPDATE writes: ``values``, ``NOW`` as the database's time, and the
+        model's ``auto_now`` fields (a bare UPDATE would leave them stale), unless ``values``
+        names them."""
+        values = {name: now if value is NOW else value for name, value in self.values.items()}
+        return {**auto_now_values(self.model, now), **values}
+
     def act(self, due: list[Due], now: datetime, progress: Any = None) -> None:
         """One UPDATE for the batch, then ``fire``; the deadlines are done."""
         rows = [row for _key, row in due]
-        values = {name: now if value is NOW else value for name, value in self.values.items()}
+        values = self.written(now) if self.values else {}
         manager = self.model._base_manager.db_manager(self.using)
         if values:
             # Locked and judged due by the database's clock: the condition cannot change now.
@@ -298,6 +317,11 @@ class Timer:
         from .giving_up import record
 
         return record(self, failures, now)
+
+    def settled_recheck_ms(self, now: datetime) -> int:
+        """When to look at a row its settled condition settles again: HOLD_RECHECK from now (it is
+        never acted on while settled, so no longest hold caps it)."""
+        return now_score(now) + round(1000 * settings.HOLD_RECHECK)
 
     def recheck_ms(self, deadline: datetime, now: datetime) -> int:
         """When to look at a held row again: HOLD_RECHECK from now, not past its longest hold."""
@@ -320,19 +344,21 @@ class Timer:
         """How many rows ``overdue`` (``before``) or ``upcoming`` (``after``, ``until``) would yield."""
         return self.deadlines.count(self._rows(), before=before, after=after, until=until)
 
-    def overdue_count(self, now: datetime) -> int:
-        """Pending rows past their deadline, less those their hold holds (within its longest hold):
-        they are not late, they wait for what holds them."""
+    def overdue_and_held(self, now: datetime) -> tuple[int, int]:
+        """Pending rows past their deadline, as ``(overdue, held)``: those its hold holds within its
+        longest hold wait for what holds them and are held, not overdue; past it they are overdue."""
         rows = self._rows()
+        past = self.deadlines.count(rows, before=now)
         hold = self.hold_condition()
-        if hold is not None and self.deadline is not None:
-            held = Q(hold)
-            longest = self.longest_hold()
-            if longest is not None:
-                held &= Q(**{f"{self.deadline}__gt": now - longest})
-            # As a subquery on the key: a hold over a related table must not repeat rows.
-            rows = rows.exclude(pk__in=self.model._base_manager.filter(held).values("pk"))
-        return self.deadlines.count(rows, before=now)
+        if hold is None or not past:
+            return past, 0
+        held = self.deadlines.count_held(rows, hold, before=now, since=self._hold_start(now))
+        return past - held, held
+
+    def _hold_start(self, now: datetime) -> datetime | None:
+        """The earliest deadline a hold still holds at ``now`` (None: no longest hold)."""
+        longest = self.longest_hold()
+        return None if longest is None else now - longest
 
     def _rows(self) -> Any:
         """The rows still pending (and not settled by another column), on the primary: a replica

@@ -25,14 +25,13 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from django.db import Error as DatabaseError
-
 from ..exceptions import RepeatedTakeover
 from ..queue import BUSY, HELD, Claim, TimeoutQueue
 from .acting import act_on
-from .giving_up import Burial, Failure
+from .giving_up import Failure
 from .members import deadline_score, now_score
 from .outcome import Key, Outcome, Report
+from .retrying import Retrier
 
 if TYPE_CHECKING:
     from .kind import Timer
@@ -69,9 +68,8 @@ class Lifecycle:
         self.clock = clock
         self.watch = watch
         self.metrics = metrics
-        self.retry_delays_ms = retry_delays_ms
+        self.retrier = Retrier(retry_delays_ms=retry_delays_ms, lease_ms=lease_ms)
         self.max_takeovers = max_takeovers
-        self.lease_ms = lease_ms
 
     def process(self, kind: Timer, queue: TimeoutQueue, claim: Claim, now: datetime) -> Report:
         by_key, malformed = self._read(kind, queue, claim, now)
@@ -128,60 +126,17 @@ class Lifecycle:
         # Held (a payment in flight): look again every HOLD_RECHECK, no later than its longest hold.
         queue.reschedule(token, {by_key[key]: kind.recheck_ms(deadline, now) for key, deadline in outcome.held.items()},
                          mark=HELD, since_ms=now_ms)
+        # Settled by its settled condition, its deadline kept: looked at again, acted on once it is not.
+        queue.reschedule(token, {by_key[key]: kind.settled_recheck_ms(now) for key in outcome.kept})
         if outcome.abandoned:
             # Hand them to the next claim at once, each alone (the guard did, unless it was not there).
             queue.hand_over(token, [by_key[key] for key in outcome.abandoned], now_score(self.clock()))
-        report.given_up += self._retry_or_give_up(kind, queue, token, outcome.failed, by_key, now)
-        report.acted, report.settled, report.passed = len(outcome.acted), len(outcome.settled), len(outcome.passed)
+        report.given_up += self.retrier.retry_or_give_up(kind, queue, token, outcome.failed, by_key, now)
+        report.acted, report.passed = len(outcome.acted), len(outcome.passed)
+        report.settled = len(outcome.settled) + len(outcome.kept)
         report.rescheduled, report.busy, report.held = len(outcome.not_due), len(outcome.busy), len(outcome.held)
         report.failed, report.abandoned = len(outcome.failed), len(outcome.abandoned)
         report.dropped += len(outcome.missing)
-
-    def _retry_or_give_up(self, kind: Timer, queue: TimeoutQueue, token: str, failed: dict[Key, BaseException],
-                          by_key: dict[Key, str], now: datetime) -> int:
-        """Back off each failed key; past the last delay, give it up (its kind records it) and let go."""
-        if not failed:
-            return 0
-        key_of = {member: key for key, member in by_key.items()}
-        retries = queue.retry(token, [by_key[key] for key in failed], now_score(now), self.retry_delays_ms)
-        dead: list[Failure] = []
-        for retry in retries:
-            key = key_of[retry.member]
-            error = failed[key]
-            if retry.retry_at_ms is None:
-                dead.append(Failure(key, retry.attempts, retry.first_failure_ms, error))
-            logger.warning(
-                "%s failed %s attempt=%d error=%s: %s next=%s", kind.failure_noun, kind.describe(key),
-                retry.attempts, type(error).__name__, error,
-                kind.give_up_next if retry.retry_at_ms is None
-                else f"retry in {(retry.retry_at_ms - now_score(now)) / 1000:g}s",
-                exc_info=error, extra={"order_id": str(kind.row_of(key)), "attempt": retry.attempts},
-            )
-        return len(self._give_up(kind, queue, token, dead, by_key, now).buried) if dead else 0
-
-    def _give_up(self, kind: Timer, queue: TimeoutQueue, token: str, dead: list[Failure], by_key: dict[Key, str],
-                 now: datetime) -> Burial:
-        """Record the give-up of the keys still pending, then let every member go.
-
-        Recorded before the members leave Redis. If the record fails, they go
-        back on the queue a last retry delay later, to be given up then: at
-        most one try per that delay, never a loop, nothing lost.
-        """
-        members = [by_key[failure.key] for failure in dead]
-        try:
-            burial = kind.give_up(dead, now)
-        except DatabaseError as exc:
-            wait_ms = max(self.retry_delays_ms, default=self.lease_ms)
-            logger.error("Could not write %d %s (%s: %s); member(s) %s of %s go back on the queue and are "
-                         "given up %gs later.", len(dead), kind.give_up_record, type(exc).__name__, exc,
-                         ", ".join(members[:20]), kind.label, wait_ms / 1000)
-            queue.reschedule(token, {member: now_score(now) + wait_ms for member in members})
-            return Burial()
-        if burial.settled:
-            logger.info("%s: member(s) %s settled before their give-up was recorded: let go.", kind.label,
-                        ", ".join(by_key[key] for key in burial.settled[:20]))
-        queue.ack(token, members)
-        return burial
 
     def _give_up_taken_over(self, kind: Timer, queue: TimeoutQueue, claim: Claim, by_key: dict[Key, str],
                             now: datetime, report: Report) -> Report:
@@ -195,7 +150,7 @@ class Lifecycle:
             f"Its consumer died, froze or overran LEASE_SECONDS with it {claim.takeovers} times "
             "(a receiver that exits the process, runs out of memory or hangs?); not tried again.")
         failures = [Failure(key, claim.takeovers, now_score(now), error) for key in by_key]
-        burial = self._give_up(kind, queue, claim.token, failures, by_key, now)
+        burial = self.retrier.give_up(kind, queue, claim.token, failures, by_key, now)
         for key in burial.buried:
             logger.error("%s taken over %d times: %s without another try.", kind.describe(key),
                          claim.takeovers, kind.give_up_verb)

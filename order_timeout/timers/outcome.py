@@ -24,6 +24,10 @@ class Outcome:
     acted: list[Key] = field(default_factory=list)
     # Nothing to do now or ever: settled (paid), done before, no deadline any more.
     settled: list[Key] = field(default_factory=list)
+    # Due and pending by its own columns, but the settled condition settles it (paid by another
+    # column): key -> its deadline. Not acted on, and its deadline stays: looked at again every
+    # HOLD_RECHECK, so a row that stops being settled (a refund) is acted on at the next look.
+    kept: dict[Key, datetime] = field(default_factory=dict)
     # Passed over at its moment and recorded so (a reminder whose order was held): done.
     passed: list[Key] = field(default_factory=list)
     # No such row (deleted, or a member from another database).

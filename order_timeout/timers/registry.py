@@ -21,7 +21,7 @@ from django.db import models
 
 from ..conf import settings
 from .closes import OrderTimeout
-from .kind import Timer
+from .kind import NOW, Timer
 from .reminders import Reminders
 
 T = TypeVar("T", bound=type[Timer])
@@ -71,9 +71,9 @@ class TimerRegistry:
         return list(self._declared.values())
 
     def kinds(self) -> list[Timer]:
-        """Every kind a consumer serves: the order close, the reminders when REMINDERS asks for
-        any, then every declared timer."""
-        return [ORDER_TIMEOUT, *([REMINDERS] if settings.REMINDERS else []), *self._declared.values()]
+        """Every kind a consumer serves: the order close (unless ORDER_MODEL is None), the reminders
+        when REMINDERS asks for any, then every declared timer."""
+        return [*order_kinds(), *self._declared.values()]
 
     def kinds_for(self, model: Any = None, kinds: list[Timer] | None = None) -> list[Timer]:
         """``kinds`` (default ``kinds()``), the order close and its reminders on ``model`` (None:
@@ -97,6 +97,14 @@ class TimerRegistry:
             return self._declared[name]
         except KeyError:
             raise LookupError(f"no timer named {name!r} is registered") from None
+
+
+def order_kinds() -> list[Timer]:
+    """The kinds on the order model: the close, and the reminders if any are asked for; none
+    when ORDER_MODEL is None (a project whose only timers are declared ones)."""
+    if not settings.closes_orders():
+        return []
+    return [ORDER_TIMEOUT, *([REMINDERS] if settings.REMINDERS else [])]
 
 
 def _declared(model: type[models.Model], timer_class: type[Timer]) -> Timer:
@@ -132,6 +140,19 @@ def _declared(model: type[models.Model], timer_class: type[Timer]) -> Timer:
         except FieldDoesNotExist:
             raise ImproperlyConfigured(f"{where}.values names {field_name!r}, which is not a field of "
                                        f"{model._meta.label}.") from None
+    if timer_class.guard_saves and not any(value is not NOW for value in timer_class.values.values()):
+        raise ImproperlyConfigured(f"{where}.guard_saves needs values the act writes (other than timers.NOW): "
+                                   "a save is refused when the row holds them and the copy saved did not.")
+    if timer_class.deadline_follows:
+        if timer_class.deadline is not None or timer_class.deadline_for is Timer.deadline_for:
+            raise ImproperlyConfigured(f"{where}.deadline_follows is for a timer whose deadline is None and that "
+                                       "declares deadline_for(): the saves ask it again when these fields change.")
+        for field_name in timer_class.deadline_follows:
+            try:
+                model._meta.get_field(field_name)
+            except FieldDoesNotExist:
+                raise ImproperlyConfigured(f"{where}.deadline_follows names {field_name!r}, which is not a field "
+                                           f"of {model._meta.label}.") from None
     if not timer_class.values and timer_class.fire is Timer.fire:
         raise ImproperlyConfigured(f"{where} declares neither values (an UPDATE) nor fire() (a receiver): "
                                    "it would do nothing at its deadline.")

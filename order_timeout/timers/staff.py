@@ -131,11 +131,13 @@ def close_now(letters: Iterable[DeadLetter], user: Any, now: datetime,
                 letter.save(update_fields=["error_type", "last_error", "attempts", "last_failed_at"])
         counts.update(closed=len(outcome.acted), settled=len(outcome.settled), failed=len(outcome.failed),
                       missing=len(outcome.missing), busy=len(outcome.busy))
-        if outcome.not_due:
-            # The deadline was extended meanwhile: it is not ours to act on yet.
+        later = [*outcome.not_due, *outcome.kept]
+        if later:
+            # The deadline was extended meanwhile, or the settled condition settles the row: it is
+            # not ours to act on now; back on the queue, where the consumers look again.
             try:
-                counts.update(requeue([by_key[key] for key in outcome.not_due], user, now, queue))
+                counts.update(requeue([by_key[key] for key in later], user, now, queue))
             except QueueUnavailable:
                 # The acts above committed; these stay open dead letters for another try.
-                counts.update(unrequeued=len(outcome.not_due))
+                counts.update(unrequeued=len(later))
     return counts

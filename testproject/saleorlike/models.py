@@ -82,3 +82,11 @@ class Payment(models.Model):
     order = models.ForeignKey(Order, related_name="payments", null=True, on_delete=models.SET_NULL)
     is_active = models.BooleanField(default=True)
     charge_status = models.CharField(max_length=20, default="not-charged")  # pending, fully-charged, ...
+
+
+class TransactionEvent(models.Model):
+    """An event of a transaction (Saleor's ``TransactionEvent``): here, the refund a shop requests."""
+
+    transaction = models.ForeignKey(TransactionItem, related_name="events", on_delete=models.CASCADE)
+    type = models.CharField(max_length=128)  # "refund_request", as Saleor's TransactionEventType.REFUND_REQUEST
+    amount_value = models.DecimalField(max_digits=12, decimal_places=3, default=Decimal(0))

@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from order_timeout.exceptions import OrderTimeoutError
 from order_timeout.scans.compensation import ScanResult, compensate
 
-BAR_WIDTH = 30
+from ..progress import terminal_progress
 
 
 class Command(BaseCommand):
@@ -23,36 +23,39 @@ class Command(BaseCommand):
                             help="Count what would be done; change nothing.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        progress = self._draw_progress if self.stdout.isatty() else None
-        try:
-            result = compensate(rebuild=options["rebuild"], dry_run=options["dry_run"],
-                                progress=progress, exit_when_stuck=True)
-        except OrderTimeoutError as exc:
-            raise CommandError(str(exc)) from exc
-        if progress:
-            self.stdout.write("")
+        with terminal_progress(self.stdout) as progress:
+            try:
+                result = compensate(rebuild=options["rebuild"], dry_run=options["dry_run"],
+                                    progress=progress, exit_when_stuck=True)
+            except OrderTimeoutError as exc:
+                raise CommandError(str(exc)) from exc
         self.stdout.write(self._summary(result))
-
-    def _draw_progress(self, done: int, total: int) -> None:
-        filled = BAR_WIDTH * done // total if total else BAR_WIDTH
-        self.stdout.write(f"\r[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {done}/{total}", ending="")
-        self.stdout.flush()
 
     @staticmethod
     def _summary(result: ScanResult) -> str:
+        """One line for the order close, then one per declared timer, in their own words."""
         if result.skipped:
             return "Skipped: another compensation scan is running."
-        would = "would be " if result.dry_run else ""
-        if result.mode == "rebuild":
-            text = (f"Rebuild: {result.examined} unpaid orders with a future deadline examined, "
-                    f"{result.restored} {would}put back into Redis")
-        else:
-            text = (f"Scan: {result.examined} overdue unpaid orders found, {result.closed} closed, "
-                    f"{result.skipped_paid} settled meanwhile (paid, or closed by a consumer), "
-                    f"{result.not_due} extended, {result.failed} failed")
-            if result.dry_run:
-                text = f"Scan (dry run): {result.examined} overdue unpaid orders would be closed"
         lock = "" if result.locked else " (Redis unreachable: ran without the lock)"
         if result.lock_lost:
             lock = " (stopped early: the lock expired during a chunk; the next scan goes on)"
-        return f"{text} in {result.elapsed_ms / 1000:.1f}s{lock}."
+        head = {"rebuild": "Rebuild"}.get(result.mode, "Scan") + (" (dry run)" if result.dry_run else "")
+        first = (_figures(result, rows="unpaid orders", acted="closed") if result.closes_orders
+                 else "no order close (ORDER_MODEL is None)")
+        lines = [f"{head}: {first} in {result.elapsed_ms / 1000:.1f}s{lock}."]
+        lines += [f"  timer {name}: {_figures(figures, rows='rows', acted='acted on')}."
+                  for name, figures in result.timers.items()]
+        return "\n".join(lines)
+
+
+def _figures(result: ScanResult, *, rows: str, acted: str) -> str:
+    """What the scan did for one kind."""
+    would = "would be " if result.dry_run else ""
+    if result.mode == "rebuild":
+        text = f"{result.examined} {rows} with a future deadline examined, {result.restored} {would}put back into Redis"
+        return text + (f", {result.reminders_restored} reminders {would}put back" if result.reminders_restored else "")
+    if result.dry_run:
+        return f"{result.would_act} overdue {rows} would be {acted} (of {result.examined} overdue)"
+    return (f"{result.examined} overdue {rows} found, {result.closed} {acted}, {result.skipped_paid} settled "
+            f"meanwhile (paid, or {acted} by a consumer), {result.not_due} extended, {result.held} held, "
+            f"{result.failed} failed, {result.dead_lettered} dead-lettered")

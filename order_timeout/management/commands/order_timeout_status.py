@@ -107,8 +107,8 @@ class Command(BaseCommand):
             raise CommandError(f"Cannot read the queue: {exc}") from exc
         self._print(health, as_json=options["json"])
         # Every kind is held to the same thresholds: the order close, and each declared timer.
-        kinds: list[tuple[str, Any]] = [("", health), *((f"timer {name}: ", figures)
-                                                        for name, figures in health.timers.items())]
+        kinds: list[tuple[str, Any]] = [*([("", health)] if health.closes_orders else []),
+                                        *((f"timer {name}: ", figures) for name, figures in health.timers.items())]
         crossed = [
             prefix + _for_rows(threshold.crossed, bool(prefix)).format(value=getattr(figures, field),
                                                                        limit=options[option])
@@ -127,7 +127,10 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(figures))
             return
         timers = figures.pop("timers")
-        width = max(map(len, figures))
+        if not figures.pop("closes_orders"):
+            figures = {}
+            self.stdout.write("no order close (ORDER_MODEL is None)")
+        width = max(map(len, [*figures, *(key for own in timers.values() for key in own)]), default=0)
         for key, value in figures.items():
             shown = "not counted (--no-drift)" if value is None else value
             self.stdout.write(f"{key.replace('_', ' '):<{width}}  {shown}")

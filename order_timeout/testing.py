@@ -1,0 +1,28 @@
+"""For a shop's own tests: empty the app's queues, and only them.
+
+A test that flushes the queue's Redis database (``FLUSHDB``) also empties
+whatever else lives there; this deletes the app's own keys and nothing else,
+for every kind (the order close, the reminders, each declared timer) and every
+shard, whatever the database holds besides::
+
+    @pytest.fixture(autouse=True)
+    def empty_queues():
+        from order_timeout.testing import empty_queues
+
+        empty_queues()
+        yield
+        empty_queues()
+"""
+
+from __future__ import annotations
+
+from .queue import CLOSE, REMIND, TimeoutQueue
+
+
+def empty_queues() -> None:
+    """Delete every key the app keeps in Redis, under ``KEY_PREFIX``, and nothing else."""
+    from .timers.registry import registry
+
+    queue = TimeoutQueue.from_settings()
+    for space in dict.fromkeys([CLOSE, REMIND, *(timer.key_space for timer in registry.declared())]):
+        queue.of_kind(space).delete_all_keys()
