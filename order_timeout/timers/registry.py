@@ -99,6 +99,16 @@ class TimerRegistry:
             raise LookupError(f"no timer named {name!r} is registered") from None
 
 
+def _fields_of(model: type[models.Model], names: Any, attribute: str) -> None:
+    """ImproperlyConfigured naming ``attribute`` when one of ``names`` is not a field of ``model``."""
+    for field_name in names:
+        try:
+            model._meta.get_field(field_name)
+        except FieldDoesNotExist:
+            raise ImproperlyConfigured(f"{attribute} names {field_name!r}, which is not a field of "
+                                       f"{model._meta.label}.") from None
+
+
 def order_kinds() -> list[Timer]:
     """The kinds on the order model: the close, and the reminders if any are asked for; none
     when ORDER_MODEL is None (a project whose only timers are declared ones)."""
@@ -134,12 +144,7 @@ def _declared(model: type[models.Model], timer_class: type[Timer]) -> Timer:
     if not isinstance(timer_class.pending, models.Q) or timer_class.pending == models.Q():
         raise ImproperlyConfigured(f"{where}.pending must be a Q the row still meets when it is to be acted on "
                                    "(what the act changes must make it false, or rows would be acted on again).")
-    for field_name in timer_class.values:
-        try:
-            model._meta.get_field(field_name)
-        except FieldDoesNotExist:
-            raise ImproperlyConfigured(f"{where}.values names {field_name!r}, which is not a field of "
-                                       f"{model._meta.label}.") from None
+    _fields_of(model, timer_class.values, f"{where}.values")
     if timer_class.guard_saves and not any(value is not NOW for value in timer_class.values.values()):
         raise ImproperlyConfigured(f"{where}.guard_saves needs values the act writes (other than timers.NOW): "
                                    "a save is refused when the row holds them and the copy saved did not.")
@@ -147,12 +152,7 @@ def _declared(model: type[models.Model], timer_class: type[Timer]) -> Timer:
         if timer_class.deadline is not None or timer_class.deadline_for is Timer.deadline_for:
             raise ImproperlyConfigured(f"{where}.deadline_follows is for a timer whose deadline is None and that "
                                        "declares deadline_for(): the saves ask it again when these fields change.")
-        for field_name in timer_class.deadline_follows:
-            try:
-                model._meta.get_field(field_name)
-            except FieldDoesNotExist:
-                raise ImproperlyConfigured(f"{where}.deadline_follows names {field_name!r}, which is not a field "
-                                           f"of {model._meta.label}.") from None
+        _fields_of(model, timer_class.deadline_follows, f"{where}.deadline_follows")
     if not timer_class.values and timer_class.fire is Timer.fire:
         raise ImproperlyConfigured(f"{where} declares neither values (an UPDATE) nor fire() (a receiver): "
                                    "it would do nothing at its deadline.")
