@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 
 if TYPE_CHECKING:
     from .models import TimeoutOrderMixin
 
-__all__ = ["aschedule", "aunschedule", "get_order_model", "schedule", "unschedule"]
+__all__ = ["aschedule", "aunschedule", "get_order_model", "notify", "notify_many", "schedule", "unschedule"]
 
 
 def get_order_model() -> type[TimeoutOrderMixin]:
@@ -42,6 +43,22 @@ def get_order_model() -> type[TimeoutOrderMixin]:
             "order_timeout.models.TimeoutOrderMixin"
         )
     return model
+
+
+def notify(handler: str, obj_or_payload: Any, *, key: str | None = None, at: datetime | None = None) -> Any:
+    """Write a notice in the current transaction, delivered at least once after it commits; see
+    ``order_timeout.notices.notify``."""
+    from .notices.writing import notify as _notify
+
+    return _notify(handler, obj_or_payload, key=key, at=at)
+
+
+def notify_many(handler: str, objs_or_payloads: Iterable[Any], *, key: Any = None,
+                at: datetime | None = None) -> list[Any]:
+    """``notify()`` for a batch, one INSERT; see ``order_timeout.notices.notify_many``."""
+    from .notices.writing import notify_many as _notify_many
+
+    return _notify_many(handler, objs_or_payloads, key=key, at=at)
 
 
 def schedule(orders: Iterable[TimeoutOrderMixin]) -> None:

@@ -17,7 +17,7 @@ from django.utils.translation import gettext_lazy as _, ngettext
 from . import get_order_model
 from .conf import settings
 from .exceptions import QueueUnavailable, Refused
-from .models import DeadLetter, Deadline, Order, Reminder, TimeoutOverview
+from .models import DeadLetter, Deadline, Notice, Order, Reminder, TimeoutOverview
 from .reporting import overview
 from .timers import staff
 
@@ -147,6 +147,11 @@ def _report(modeladmin: admin.ModelAdmin, request: HttpRequest, counts: Counter[
             "%d orders failed to close again; see their last errors.", n),
         "missing": lambda n: ngettext(
             "%d order no longer exists.", "%d orders no longer exist.", n),
+        "dropped": lambda n: ngettext("%d notice dropped: it will not be delivered.",
+                                      "%d notices dropped: they will not be delivered.", n),
+        "not_droppable": lambda n: ngettext(
+            "%d dead letter is not a notice's and was left open: requeue it or close it now.",
+            "%d dead letters are not notices' and were left open: requeue them or close them now.", n),
         "busy": lambda n: ngettext(
             "%d order is locked by another transaction right now; try it again.",
             "%d orders are locked by another transaction right now; try them again.", n),
@@ -158,7 +163,7 @@ def _report(modeladmin: admin.ModelAdmin, request: HttpRequest, counts: Counter[
     }
     for key, sentence in sentences.items():
         if counts.get(key):
-            level = messages.WARNING if key in ("failed", "missing", "busy", "unrequeued") \
+            level = messages.WARNING if key in ("failed", "missing", "busy", "unrequeued", "not_droppable") \
                 else messages.SUCCESS
             modeladmin.message_user(request, sentence(counts[key]) % counts[key], level)
     if not any(counts.values()):
@@ -173,7 +178,7 @@ class DeadLetterAdmin(admin.ModelAdmin):
     list_filter = (ResolvedFilter, "resolution", "error_type", "order_model", "timer", "last_failed_at")
     search_fields = ("=order_id", "error_type", "last_error")
     date_hierarchy = "last_failed_at"
-    actions = ["requeue", "close_now"]
+    actions = ["requeue", "close_now", "drop"]
     readonly_fields = [field.name for field in DeadLetter._meta.fields]
     # Only those who act on dead letters read (and search) what the errors said: a message may
     # carry a row's values. Lookers see each letter's kind of error, counts and state.
@@ -221,6 +226,11 @@ class DeadLetterAdmin(admin.ModelAdmin):
         _report(self, request, staff.close_now(queryset, request.user, timezone.now()))
 
 
+    @admin.action(description=_("Drop the notices (deliver them no more)"), permissions=["requeue"])
+    def drop(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> None:
+        _report(self, request, staff.drop(queryset, request.user, timezone.now()))
+
+
 class ViewOnlyAdmin(admin.ModelAdmin):
     """Staff may look, never add, change or delete: the rows are the app's own records."""
 
@@ -258,6 +268,27 @@ class DeadlineAdmin(ViewOnlyAdmin):
     list_filter = ("timer", "expires_at")
     search_fields = ("=object_id",)
     date_hierarchy = "expires_at"
+
+
+@admin.register(Notice)
+class NoticeAdmin(ViewOnlyAdmin):
+    """The notices, delivered or not. Read-only: ``notify()`` writes them in the shop's transactions
+    and the consumers deliver them; one that kept failing is a dead letter, requeued or dropped
+    there. What its last attempt met (``last_error``, a target's answer) shows to those who may
+    requeue dead letters: an answer may carry what the notice said."""
+
+    list_display = ("pk", "handler", "key", "state", "due_at", "attempts", "delivered_at", "object_model",
+                    "object_id")
+    list_filter = ("state", "handler", "due_at")
+    search_fields = ("=key", "=object_id")
+    date_hierarchy = "due_at"
+    private_fields = ("last_error", "last_answer", "payload")
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = super().get_fields(request, obj)
+        if request.user.has_perm("order_timeout.requeue_deadletter"):
+            return fields
+        return [name for name in fields if name not in self.private_fields]
 
 
 @admin.register(TimeoutOverview)

@@ -24,3 +24,5 @@ class OrderTimeoutConfig(AppConfig):
             connect_receivers(get_order_model())
         # The timers shops declare in a timers.py of their apps, as admin.py is found.
         autodiscover_modules("timers")
+        # And the notice handlers they declare in a notices.py (or in that timers.py).
+        autodiscover_modules("notices")

@@ -99,6 +99,22 @@ def check_order_model(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
     return check_status_declarations(model)
 
 
+@checks.register(checks.Tags.compatibility, TAG)
+def check_notice_handlers(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A notice handler's timeout must end well inside LEASE_SECONDS: a batch of notices is given up
+    (and its consumer exits 75) when it is still in hand a lease after its claim."""
+    from .notices.registry import handlers
+
+    longest = settings.LEASE_SECONDS / 2
+    return [checks.Warning(
+        f"Notice handler {name!r} has a timeout of {handlers.get(name).timeout:g} s, more than half of "
+        f"LEASE_SECONDS ({settings.LEASE_SECONDS:g} s): one slow delivery would cost its batch its lease "
+        "(given up, its consumer exiting 75) before its own timeout ends it.",
+        hint=f"Give it a timeout of at most {longest:g} s (notices.handler(..., timeout=...)), or raise "
+             "LEASE_SECONDS.",
+        id="order_timeout.W012") for name in handlers.names() if handlers.get(name).timeout > longest]
+
+
 @checks.register(checks.Tags.models, TAG)
 def check_order_table(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """The app's own order model, as ORDER_MODEL, needs the table that ``WithoutOrderTable`` keeps

@@ -61,6 +61,11 @@ DEFAULTS: dict[str, Any] = {
     # Seconds to wait before each retry of an order whose close failed; after
     # the last one, the order becomes a dead letter (seed 002: 10 s, 30 s, 60 s).
     "RETRY_DELAYS": [10, 30, 60],
+    # Seconds before each retry of a notice whose delivery failed (an SMTP server down, a
+    # webhook answering 503); after the last one it becomes a dead letter. Longer than the
+    # closes': the outside world takes minutes to come back, and a notice late is better than
+    # one given up (about 2.5 hours in all).
+    "NOTICE_RETRY_DELAYS": [10, 60, 300, 1800, 7200],
     # The compensation scan closes unpaid orders overdue by more than this many
     # seconds, and only those Redis shows no consumer handling for this long:
     # longer than LEASE_SECONDS plus the sum of RETRY_DELAYS (check W004).
@@ -310,6 +315,7 @@ VALIDATORS: dict[str, Callable[[str, Any], None]] = {
     "BATCH_WINDOW": _batch_window,
     "ORDER_MODEL": _model_label,
     "RETRY_DELAYS": _delays,
+    "NOTICE_RETRY_DELAYS": _delays,
     "COMPENSATION_GRACE": _non_negative_number,
     "COMPENSATION_INTERVAL": _positive_number,
     "COMPENSATION_CHUNK": _positive_int,

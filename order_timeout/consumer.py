@@ -181,6 +181,9 @@ class Consumer:
         self.lanes = Lanes(self.queues)
         self._kind_of_lane = [kind for kind, queue in zip(self.kinds, self.queues, strict=True)
                               for _ in queue.shards]
+        # Most members a claim of each lane takes: the batch size, or less for a kind that says so.
+        self._limit_of_lane = [min(self.batch_size, kind.claim_limit or self.batch_size)
+                               for kind in self._kind_of_lane]
         self.rota = ShardRota(len(self.lanes.shards))
         self._claims = (f"{uuid.uuid4().hex[:12]}:{n}" for n in itertools.count())
         self._stop = threading.Event()
@@ -220,7 +223,7 @@ class Consumer:
         lane = self.rota.next_due(due_ms)
         if lane is None:
             return Claim(members=[], next_score=self.rota.earliest())
-        claim = self.lanes.shards[lane].claim(due_ms, self.batch_size, now_score(now) + self.lease_ms,
+        claim = self.lanes.shards[lane].claim(due_ms, self._limit_of_lane[lane], now_score(now) + self.lease_ms,
                                               next(self._claims), due_first=self._took_over)
         self._took_over = claim.takeovers > 0
         self.rota.claimed(lane, claim)

@@ -467,6 +467,8 @@ class DeadLetter(models.Model):
         REQUEUED = "requeued", _("Requeued")
         CLOSED = "closed", _("Closed now")
         SETTLED = "settled", _("Already paid or closed")
+        # A notice staff chose not to deliver (the outside world needs it no more).
+        DROPPED = "dropped", _("Dropped, not delivered")
 
     order_model = models.CharField(_("order model"), max_length=100)
     order_id = models.CharField(_("order id"), max_length=64)
@@ -543,8 +545,8 @@ class Reminder(models.Model):
 class Deadline(models.Model):
     """The deadline of one row for one declared timer, for a model whose table the shop cannot
     change (a framework's, another system's): the timer's ``deadline`` is None, and
-    ``timer.set_deadline(row, at)`` writes here. Gone once the timer acted on the row (or found
-    it settled)."""
+    ``timer.set_deadline(row, at)`` writes here. Gone once the timer acted on the row, or found it
+    no longer pending; kept while its settled condition settles it (settled is not final)."""
 
     timer = models.CharField(_("timer"), max_length=64)
     object_id = models.CharField(_("object id"), max_length=64)
@@ -569,3 +571,47 @@ class TimeoutOverview(models.Model):
         default_permissions = ("view",)
         verbose_name = _("order timeouts")
         verbose_name_plural = _("order timeouts")
+
+
+class Notice(models.Model):
+    """A notice to the outside world (an e-mail, a webhook, an SMS), written by ``notify()`` in the
+    transaction of the change it tells of, and delivered by its handler at least once afterwards.
+
+    The transactional outbox: the row exists exactly when that change committed. ``key`` is the
+    idempotency key every attempt hands the target; ``payload`` is JSON, or a reference to the
+    object it is about (``object_model``, ``object_id``), loaded again at delivery.
+    """
+
+    class State(models.TextChoices):
+        PENDING = "pending", _("Pending")
+        DELIVERED = "delivered", _("Delivered")
+        # Its handler's pending condition no longer held when it was due (the SMS confirmed).
+        DROPPED = "dropped", _("Dropped")
+
+    handler = models.CharField(_("handler"), max_length=100)
+    key = models.CharField(_("idempotency key"), max_length=255)
+    payload = models.JSONField(_("payload"), default=dict, blank=True)
+    object_model = models.CharField(_("object model"), max_length=100, blank=True, default="")
+    object_id = models.CharField(_("object id"), max_length=64, blank=True, default="")
+    due_at = models.DateTimeField(_("due at"))
+    state = models.CharField(_("state"), max_length=16, choices=State.choices, default=State.PENDING)
+    # Attempts started (counted before each delivery, so a process that died mid-delivery counts).
+    attempts = models.PositiveIntegerField(_("attempts"), default=0)
+    created_at = models.DateTimeField(_("created at"), default=timezone.now)
+    delivered_at = models.DateTimeField(_("delivered at"), null=True, blank=True)
+    # The last attempt's error, and what a target that refused it for good answered.
+    last_error = models.TextField(_("last error"), blank=True, default="")
+    last_answer = models.TextField(_("last answer"), blank=True, default="")
+
+    class Meta:
+        verbose_name = _("notice")
+        verbose_name_plural = _("notices")
+        ordering = ["-created_at"]
+        indexes = [
+            # The scan and the status command walk the pending notices by due time.
+            models.Index(fields=["state", "due_at"], name="order_timeout_notice_walk"),
+            models.Index(fields=["handler", "key"], name="order_timeout_notice_key"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.handler} {self.key} ({self.state})"

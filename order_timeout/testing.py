@@ -16,7 +16,7 @@ shard, whatever the database holds besides::
 
 from __future__ import annotations
 
-from .queue import CLOSE, REMIND, TimeoutQueue
+from .queue import CLOSE, NOTICE, REMIND, TimeoutQueue
 
 
 def empty_queues() -> None:
@@ -24,5 +24,5 @@ def empty_queues() -> None:
     from .timers.registry import registry
 
     queue = TimeoutQueue.from_settings()
-    for space in dict.fromkeys([CLOSE, REMIND, *(timer.key_space for timer in registry.declared())]):
+    for space in dict.fromkeys([CLOSE, REMIND, NOTICE, *(timer.key_space for timer in registry.declared())]):
         queue.of_kind(space).delete_all_keys()

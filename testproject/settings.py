@@ -126,6 +126,10 @@ if "ORDER_TIMEOUT_REDIS_ALIAS" in os.environ:
 for _key in ("HOLD_CONDITION", "DEADLINE_POLICY"):
     if os.environ.get(f"ORDER_TIMEOUT_{_key}"):
         ORDER_TIMEOUT[_key] = os.environ[f"ORDER_TIMEOUT_{_key}"]
+# Notices: their retry delays, for consumers in other processes (the fault runs, the benchmark).
+if os.environ.get("ORDER_TIMEOUT_NOTICE_RETRY_DELAYS"):
+    ORDER_TIMEOUT["NOTICE_RETRY_DELAYS"] = [
+        float(s) for s in os.environ["ORDER_TIMEOUT_NOTICE_RETRY_DELAYS"].split(",")]
 if os.environ.get("ORDER_TIMEOUT_REMINDERS"):
     ORDER_TIMEOUT["REMINDERS"] = [float(s) for s in os.environ["ORDER_TIMEOUT_REMINDERS"].split(",")]
 
@@ -138,6 +142,13 @@ CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "celery"
 CELERY_BEAT_SCHEDULE = {
     **beat_schedule(interval=ORDER_TIMEOUT.get("COMPENSATION_INTERVAL", 300)),
 }
+
+# The shop's e-mails (notices, testproject/shop/notices.py): kept in memory unless the
+# environment names a backend (the demo prints them: the console backend).
+EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBackend")
+if os.environ.get("EMAIL_FILE_PATH"):  # the file-based backend's folder (a test counts the e-mails there)
+    EMAIL_FILE_PATH = os.environ["EMAIL_FILE_PATH"]
+DEFAULT_FROM_EMAIL = "shop@example.com"
 
 USE_TZ = True
 TIME_ZONE = "UTC"

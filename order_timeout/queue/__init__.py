@@ -9,7 +9,7 @@ alias's client and the bounded one saves share), ``wakeups`` (pub/sub),
 """
 
 from .errors import redis_errors
-from .keys import CLOSE, REMIND, GlobalKeys, QueueKeys, shard_of
+from .keys import CLOSE, NOTICE, REMIND, GlobalKeys, QueueKeys, shard_of
 from .lanes import Lanes, ShardRota
 from .scripts import SCRIPT_NAMES, load_script_source
 from .shards import (
@@ -29,7 +29,7 @@ from .shards import (
 )
 
 __all__ = [
-    "BUSY", "CLOSE", "HELD", "LOOK_NOW", "MAX_SCORE", "REMIND", "SCHEDULE_SLICE", "SCRIPT_NAMES", "SLICE", "Claim",
-    "GlobalKeys", "Lanes", "Position", "QueueKeys", "QueueStats", "Retry", "Shard", "ShardRota", "TimeoutQueue",
-    "escaped", "load_script_source", "redis_errors", "shard_of",
+    "BUSY", "CLOSE", "HELD", "LOOK_NOW", "MAX_SCORE", "NOTICE", "REMIND", "SCHEDULE_SLICE", "SCRIPT_NAMES", "SLICE",
+    "Claim", "GlobalKeys", "Lanes", "Position", "QueueKeys", "QueueStats", "Retry", "Shard", "ShardRota",
+    "TimeoutQueue", "escaped", "load_script_source", "redis_errors", "shard_of",
 ]

@@ -27,6 +27,8 @@ def shard_of(member: str, shards: int) -> int:
 # The kinds of timer: an order's close at its deadline, and its reminders before it.
 CLOSE = ""
 REMIND = "remind"
+# The notices (order_timeout.Notice): the outbox's own queue.
+NOTICE = "notice"
 
 
 @dataclass(frozen=True)

@@ -129,7 +129,7 @@ def measure(now: datetime | None = None, *, model: type[TimeoutOrderMixin] | Non
     now = now or timezone.now()
     queue = queue or TimeoutQueue.from_settings()
     timers = {timer.name: _timer(timer, queue.of_kind(timer.key_space), now, drift=drift)
-              for timer in registry.declared()}
+              for timer in registry.reported()}
     if model is None and not settings.closes_orders():
         return Health.of_timers(timers)
     model = model or get_order_model()

@@ -243,7 +243,7 @@ class BacklogCollector:
         from ..timers.members import now_score
         from ..timers.registry import registry
 
-        timers = registry.declared()
+        timers = registry.reported()
         if not timers:
             return
         families = {field: GaugeMetricFamily(f"order_timeout_timer_{field}", text, labels=["timer", "shard"])

@@ -260,7 +260,18 @@ class CompensationScan:
                     self._act_counted(kind, {member: pk}, figures)
 
     def _act_counted(self, kind: Timer, members: dict[str, Any], figures: ScanResult) -> None:
-        """Act on these in one batch, counted in Redis so a scan that dies doing it is known."""
+        """Act on these in batches of the kind's claim limit (all at once for most kinds), each
+        counted in Redis so a scan that dies doing it is known. A kind that waits on the outside
+        world (the notices: 16 at once) has its lock renewed between its batches, so a chunk of
+        slow deliveries never outlives the lock and has the next scan deliver them again."""
+        size = kind.claim_limit or len(members) or 1
+        items = list(members.items())
+        for start in range(0, len(items), size):
+            if start and not self._renew(self._token or "", needs_redis=False):
+                return
+            self._act_batch(kind, dict(items[start:start + size]), figures)
+
+    def _act_batch(self, kind: Timer, members: dict[str, Any], figures: ScanResult) -> None:
         if not members:
             return
         queue = self.queue_of(kind)

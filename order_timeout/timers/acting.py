@@ -79,6 +79,8 @@ def act_on(kind: Timer, keys: Sequence[Key], *, should_stop: Callable[[], bool] 
     using = kind.using
     connection = connections[using]
     stopping = should_stop or (lambda: False)
+    if kind.acts_outside_transaction:
+        return _act_outside(kind, keys, stopping, progress)
 
     def attempt(keys: Sequence[Key]) -> Outcome:
         """The fast path; if a receiver refused, the whole batch again, carefully."""
@@ -195,6 +197,52 @@ def _databases(error: BaseException, using: str) -> bool:
             or (isinstance(error, DatabaseError) and not connections[using].is_usable()))
 
 
+def _act_outside(kind: Timer, keys: Sequence[Key], stopping: Callable[[], bool],
+                 progress: Callable[[], None] | None) -> Outcome:
+    """A kind that calls the outside world: lock, judge and ``begin`` in one short transaction, then
+    ``deliver`` with none open, each key failing alone. Raises a database error only when the
+    database stops answering."""
+    using = kind.using
+
+    def locked() -> tuple[Outcome, list[Due]]:
+        outcome = Outcome()
+        if not keys:
+            return outcome, []
+        with transaction.atomic(using=using):
+            limit_transaction(using)
+            due = _lock_and_judge(kind, keys, kind.model._base_manager.db_manager(using), outcome)
+            if due:
+                assert outcome.db_now is not None
+                kind.begin(due, outcome.db_now)
+        return outcome, due
+
+    try:
+        outcome, due = retrying_lock_conflicts(using, locked, stopping, kind.doing)
+    except StillConflicting:
+        return Outcome(busy=list(keys))
+    except Stopped:
+        return Outcome(abandoned=list(keys))
+    except Exception as exc:
+        if not _database_answers(connections[using]):
+            raise _unreachable(exc)  # noqa: B904 (_unreachable chains the cause itself)
+        raise
+    if due:
+        assert outcome.db_now is not None
+        failed = kind.deliver(due, outcome.db_now, progress)
+        outcome.failed.update(failed)
+        _acted(outcome, [(key, row) for key, row in due if key not in failed])
+    return _moments_of_acted(outcome)
+
+
+def _lock_and_judge(kind: Timer, keys: Sequence[Key], manager: Any, outcome: Outcome) -> list[Due]:
+    """In the caller's transaction: lock the rows, sort the keys (``outcome``), the due ones."""
+    due = kind.judge(keys, kind.lock(manager, [kind.row_of(key) for key in keys]), outcome)
+    if outcome.settled:
+        # A row no longer pending needs its deadline no more (deadlines in the app's table go).
+        kind.deadlines.done(manager, [kind.row_of(key) for key in outcome.settled])
+    return due
+
+
 def _transaction(kind: Timer, keys: Sequence[Key], using: str, refused: dict[Key, BaseException] | None = None,
                  progress: Callable[[], None] | None = None) -> Outcome:
     """One transaction: lock, re-check and act on ``keys``; ``refused``: the careful second pass."""
@@ -205,10 +253,7 @@ def _transaction(kind: Timer, keys: Sequence[Key], using: str, refused: dict[Key
     manager = kind.model._base_manager.db_manager(using)
     with transaction.atomic(using=using):
         limit_transaction(using)  # under transaction pooling only: the limits, for this transaction
-        due = kind.judge(keys, kind.lock(manager, [kind.row_of(key) for key in keys]), outcome)
-        if outcome.settled:
-            # A row no longer pending needs its deadline no more (deadlines in the app's table go).
-            kind.deadlines.done(manager, [kind.row_of(key) for key in outcome.settled])
+        due = _lock_and_judge(kind, keys, manager, outcome)
         if not due:
             return outcome
         now = outcome.db_now

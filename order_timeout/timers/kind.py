@@ -112,6 +112,13 @@ class Timer:
 
     # The queue's kind of timer in Redis (the key namespace); the name unless a kind says so.
     queue_name: ClassVar[str | None] = None
+    # A kind whose act calls the outside world (the notices: SMTP, webhooks) says so: its rows are
+    # locked, judged and ``begin()``-ed in a short transaction, and ``deliver()`` runs after it
+    # commits, with no transaction and no row lock held across a slow call.
+    acts_outside_transaction: ClassVar[bool] = False
+    # Most members one claim of this kind takes (None: BATCH_SIZE): a kind whose act waits on
+    # the outside world takes no more than it acts on at once.
+    claim_limit: ClassVar[int | None] = None
     # A kind's own words for the lifecycle's outcomes, in log lines and reports.
     labels: ClassVar[Mapping[str, str]] = {}
 
@@ -310,7 +317,22 @@ class Timer:
         if progress is not None:
             progress()
 
+    def begin(self, due: list[Due], now: datetime) -> None:
+        """``acts_outside_transaction``: what the lock's transaction writes before ``deliver()``."""
+
+    def deliver(self, due: list[Due], now: datetime, progress: Any = None) -> dict[Key, BaseException]:
+        """``acts_outside_transaction``: act on ``due`` with no transaction open; the failures, by key."""
+        raise NotImplementedError(f"{self!r} acts inside the transaction (act())")
+
     # -- giving up, looking again -----------------------------------------------------------
+
+    def retry_delays(self) -> list[float] | None:
+        """Seconds before each retry of a failed act (None: the setting RETRY_DELAYS)."""
+        return None
+
+    def gives_up_at_once(self, error: BaseException) -> bool:
+        """Whether ``error`` makes a retry pointless (a target that refused for good): given up now."""
+        return False
 
     def give_up(self, failures: Sequence[Any], now: datetime) -> Any:
         """Record the keys whose act kept failing (a dead letter each, for staff); a ``Burial``."""

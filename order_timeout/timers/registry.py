@@ -22,16 +22,18 @@ from django.db import models
 from ..conf import settings
 from .closes import OrderTimeout
 from .kind import NOW, Timer
+from .notices import Notices
 from .reminders import Reminders
 
 T = TypeVar("T", bound=type[Timer])
 
 # A name goes into Redis keys ({prefix}:<name>:pending) and into dead letters.
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-RESERVED = ("", "remind")
+RESERVED = ("", "remind", "notices")
 
 ORDER_TIMEOUT = OrderTimeout()
 REMINDERS = Reminders()
+NOTICES = Notices()
 
 
 class AlreadyRegistered(ImproperlyConfigured):
@@ -73,7 +75,7 @@ class TimerRegistry:
     def kinds(self) -> list[Timer]:
         """Every kind a consumer serves: the order close (unless ORDER_MODEL is None), the reminders
         when REMINDERS asks for any, then every declared timer."""
-        return [*order_kinds(), *self._declared.values()]
+        return [*order_kinds(), *self.reported()]
 
     def kinds_for(self, model: Any = None, kinds: list[Timer] | None = None) -> list[Timer]:
         """``kinds`` (default ``kinds()``), the order close and its reminders on ``model`` (None:
@@ -84,6 +86,13 @@ class TimerRegistry:
         return [OrderTimeout(model) if kind is ORDER_TIMEOUT else Reminders(model) if kind is REMINDERS else kind
                 for kind in kinds]
 
+    def reported(self) -> list[Timer]:
+        """The kinds reported by name beside the order close: every declared timer, and the notices
+        once a handler is declared."""
+        from ..notices.registry import handlers
+
+        return [*self._declared.values(), *([NOTICES] if handlers else [])]
+
     def of_model(self, model: type[models.Model]) -> list[Timer]:
         return [timer for timer in self._declared.values() if timer.model is model]
 
@@ -93,6 +102,8 @@ class TimerRegistry:
             return ORDER_TIMEOUT
         if name == REMINDERS.name:
             return REMINDERS
+        if name == NOTICES.name:
+            return NOTICES
         try:
             return self._declared[name]
         except KeyError:

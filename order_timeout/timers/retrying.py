@@ -35,6 +35,11 @@ class Retrier:
         self.retry_delays_ms = retry_delays_ms
         self.lease_ms = lease_ms
 
+    def delays_of(self, kind: Timer) -> list[int]:
+        """The kind's own retry delays (the notices': NOTICE_RETRY_DELAYS), else RETRY_DELAYS."""
+        own = kind.retry_delays()
+        return self.retry_delays_ms if own is None else [round(1000 * delay) for delay in own]
+
     @classmethod
     def from_settings(cls) -> Retrier:
         from ..conf import settings
@@ -48,7 +53,11 @@ class Retrier:
         if not failed:
             return 0
         key_of = {member: key for key, member in by_key.items()}
-        retries = queue.retry(token, [by_key[key] for key in failed], now_score(now), self.retry_delays_ms)
+        # A failure no retry would change (a target that refused for good) is counted and given up now.
+        now_ms = now_score(now)
+        at_once = [by_key[key] for key, error in failed.items() if kind.gives_up_at_once(error)]
+        later = [by_key[key] for key, error in failed.items() if not kind.gives_up_at_once(error)]
+        retries = [*queue.retry(token, later, now_ms, self.delays_of(kind)), *queue.retry(token, at_once, now_ms, [])]
         dead: list[Failure] = []
         for retry in retries:
             key = key_of[retry.member]

@@ -108,6 +108,38 @@ def requeue(letters: Iterable[DeadLetter], user: Any, now: datetime,
     return counts
 
 
+def drop(letters: Iterable[DeadLetter], user: Any, now: datetime) -> Counter[str]:
+    """Deliver these notices no more: each still pending is dropped, its letter resolved so.
+
+    Only a notice can be dropped: what the outside world no longer needs to hear. A dead letter
+    of an order, or of a timer's row, is left open (counted ``not_droppable``): its row must
+    still be closed or acted on, by a requeue or a close now.
+    """
+    from ..models import Notice
+
+    counts: Counter[str] = Counter()
+    for kind, group in _open_by_kind(letters):
+        if kind.model is not Notice:
+            counts["not_droppable"] += len(group)
+            continue
+        using = kind.using
+        with transaction.atomic(using=using), transaction.atomic(using=letters_database()):
+            keys = {_key(kind, letter): letter for letter in group}
+            dropped = set(Notice.objects.using(using).select_for_update().filter(
+                pk__in=list(keys), state=Notice.State.PENDING).values_list("pk", flat=True))
+            Notice.objects.using(using).filter(pk__in=dropped).update(state=Notice.State.DROPPED)
+            for key, letter in keys.items():
+                resolution = DeadLetter.Resolution.DROPPED if key in dropped else DeadLetter.Resolution.SETTLED
+                if _resolve(letter, resolution, user, now):
+                    counts["dropped" if key in dropped else "settled"] += 1
+        queue = TimeoutQueue.from_settings().of_kind(kind.key_space)
+        try:
+            queue.unschedule([kind.member(key) for key in keys])
+        except QueueUnavailable:
+            pass  # no member left behind matters: a consumer finds a dropped notice settled
+    return counts
+
+
 def close_now(letters: Iterable[DeadLetter], user: Any, now: datetime,
               queue: TimeoutQueue | None = None) -> Counter[str]:
     """Run the consumer's act on these rows once more, now."""

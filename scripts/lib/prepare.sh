@@ -6,7 +6,7 @@
 
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
-EXTRAS=${EXTRAS:-mysql,postgresql,celery,metrics}
+EXTRAS=${EXTRAS:-mysql,postgresql,celery,metrics,webhooks}
 DEP_GROUPS=${DEP_GROUPS:-test beat lint bench}
 REDIS_PORT=${REDIS_PORT:-6379}
 SUDO=""

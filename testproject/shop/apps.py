@@ -14,6 +14,8 @@ class ShopConfig(AppConfig):
         from .models import PlainOrderDeadline, ShopOrder
         from .receivers import (
             cancel_plain_order,
+            notify_expired,
+            notify_reminder,
             record_expiry,
             record_reminder,
             release_stock,
@@ -42,3 +44,8 @@ class ShopConfig(AppConfig):
         # The benchmark turns this off too: the row per reminder would measure the shop, not us.
         if os.environ.get("SHOP_RECORD_REMINDERS", "1") == "1":
             deadline_approaching.connect(record_reminder, dispatch_uid="shop.record_reminder")
+        # What the shop tells its customers goes through notices (testproject/shop/notices.py):
+        # the benchmark's plain rows turn them off, its notices row measures them.
+        if os.environ.get("SHOP_NOTICES", "1") == "1":
+            orders_expired.connect(notify_expired, dispatch_uid="shop.notify_expired")
+            deadline_approaching.connect(notify_reminder, dispatch_uid="shop.notify_reminder")

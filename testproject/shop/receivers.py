@@ -1,8 +1,9 @@
 """The shop's receivers of ``order_expired``, run in the closing transaction.
 
 ``record_expiry`` records each delivery (every order model). For tests that
-drive a consumer in another process, two environment variables change its
-behaviour: SHOP_STALL_FILE makes the first delivery create that file and hang
+drive a consumer in another process, environment variables change its
+behaviour: SHOP_EXIT_AFTER_COMMIT ends the process right after the close's
+COMMIT, SHOP_STALL_FILE makes the first delivery create that file and hang
 (so the test can kill the consumer mid-batch), SHOP_DELAY_SECONDS slows every
 delivery (so a batch is still in hand when a signal arrives), SHOP_EXIT_ON_ORDER
 ends the process when that order's turn comes, SHOP_HANG_ON_ORDER hangs there
@@ -27,6 +28,12 @@ logger = logging.getLogger("shop")
 
 
 def record_expiry(sender: Any, order: Any, **kwargs: Any) -> None:
+    if os.environ.get("SHOP_EXIT_AFTER_COMMIT") == "1":
+        # The process dies right after the close's COMMIT, before any after-commit work (the
+        # ack, an on_commit e-mail): a deploy's SIGKILL, the OOM killer.
+        from django.db import transaction
+
+        transaction.on_commit(lambda: os._exit(9))
     if os.environ.get("SHOP_EXIT_ON_ORDER") == str(order.pk):
         os._exit(3)  # a receiver that takes its process down (out of memory, a C crash)
     if os.environ.get("SHOP_HANG_ON_ORDER") == str(order.pk):
@@ -76,6 +83,32 @@ def record_reminder(sender: Any, order: Any, seconds_left: float, **kwargs: Any)
     if stall_file:
         Path(stall_file).touch()
         time.sleep(3600)
+
+
+# -- what the shop tells the outside world: notices, written in the same transaction -----------
+
+
+def notify_expired(sender: Any, orders: list[Any], **kwargs: Any) -> None:
+    """``orders_expired``: the customer's e-mail (and the ERP's webhook, where one is configured),
+    one notice each, one INSERT per batch: delivered at least once after the close commits."""
+    from order_timeout import notify_many
+    from order_timeout.notices import handlers
+
+    label = sender._meta.label_lower
+    wanted = ("order-expired-email", "order-expired-webhook") if os.environ.get("SHOP_EMAIL_NOTICES", "1") == "1" \
+        else ("order-expired-webhook",)
+    for handler in wanted:
+        if handler in handlers.names():
+            notify_many(handler, orders, key=lambda order, handler=handler: f"{handler}:{label}:{order.pk}")
+
+
+def notify_reminder(sender: Any, order: Any, seconds_left: float, **kwargs: Any) -> None:
+    """``deadline_approaching``: the "N minutes left to pay" e-mail, as a notice of the reminder's
+    transaction (a reminder recorded is a reminder told)."""
+    from order_timeout import notify
+
+    notify("payment-reminder-email", order,
+           key=f"payment-reminder:{sender._meta.label_lower}:{order.pk}:{seconds_left:g}:{order.expires_at:%s}")
 
 
 # -- the same close, a batch at a time (orders_expired): one statement each per batch ----------

@@ -1,0 +1,299 @@
+"""Notices: written in the transaction of the change they tell of, delivered at least once after it.
+
+Tried on bc07ed2 as a shop would write it: an ``order_expired`` receiver sending its e-mail from
+``transaction.on_commit()``, and a consumer killed right after the close's COMMIT: every order
+closed, 3 of 5 notices ever sent, and nothing anywhere said so. A notice is a row of
+``order_timeout.Notice`` now, written by ``notify()`` in the close's transaction, delivered by
+the one lifecycle (``timers/notices.py``) outside any transaction, retried, dead-lettered.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.db.models import Q
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from order_timeout import notify, notify_many
+from order_timeout.models import DeadLetter, Notice
+from order_timeout.notices import NoticeRefused, Rejected, handlers
+from order_timeout.notices.writing import MAX_PAYLOAD_BYTES
+from order_timeout.scans.compensation import compensate
+from order_timeout.timers import staff
+from order_timeout.timers.members import now_score
+from order_timeout.timers.registry import NOTICES
+
+from .helpers import score_of
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class Recorder:
+    """A handler that records each delivery it is given (and can be told to fail)."""
+
+    def __init__(self) -> None:
+        self.deliveries: list[Any] = []
+        self.failing: BaseException | None = None
+        self.in_transaction: list[bool] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, delivery: Any) -> None:
+        with self.lock:
+            self.deliveries.append(delivery)
+            self.in_transaction.append(connection.in_atomic_block)
+        if self.failing is not None:
+            raise self.failing
+
+    @property
+    def keys(self) -> list[str]:
+        return [delivery.key for delivery in self.deliveries]
+
+
+@pytest.fixture
+def recorder(redis_client) -> Any:
+    recorder = Recorder()
+    handlers.declare("test-recorder", recorder, timeout=5)
+    yield recorder
+    handlers.forget("test-recorder")
+
+
+@pytest.fixture
+def delivering(consumer, clock):
+    """A consumer of the notices alone, on the test's clock, first moved on to now: a notice is due
+    when ``notify()`` wrote it, by the host's clock."""
+
+    def build():
+        clock.current = max(clock.current, timezone.now())
+        return consumer(kinds=[NOTICES])
+
+    return build
+
+
+@pytest.fixture
+def notice_queue(queue):
+    return queue.of_kind(NOTICES.key_space)
+
+
+def test_a_notice_is_delivered_after_its_commit_with_its_key_and_object(recorder, delivering, make_order):
+    order = make_order(in_seconds=600)
+    with transaction.atomic():
+        notice = notify("test-recorder", order, key=f"order-expired:{order.pk}")
+
+    stats = delivering().run(once=True)
+
+    delivery, = recorder.deliveries
+    assert (delivery.key, delivery.attempt, delivery.object) == (f"order-expired:{order.pk}", 1, order)
+    assert delivery.payload == {"model": order._meta.label, "pk": str(order.pk)}
+    notice.refresh_from_db()
+    assert (notice.state, notice.attempts, stats.of(NOTICES.name).delivered) == (Notice.State.DELIVERED, 1, 1)
+    assert notice.delivered_at is not None
+
+
+def test_a_notice_of_a_rolled_back_transaction_never_exists_nor_is_delivered(recorder, delivering, notice_queue,
+                                                                            clock, settings):
+    class Undone(Exception):
+        pass
+
+    with pytest.raises(Undone), transaction.atomic():
+        notify("test-recorder", {"order": 1})
+        raise Undone
+    worker = delivering()
+    worker.run(once=True)
+    assert not Notice.objects.exists() and recorder.deliveries == []
+
+    # Its member, announced before the commit a lease late, names no row: the first look drops it.
+    clock.advance(settings.ORDER_TIMEOUT.get("LEASE_SECONDS", 30) + 1)
+    worker.run(once=True)
+
+    assert recorder.deliveries == [] and notice_queue.stats(now_score(clock())).pending == 0
+
+
+def test_a_handler_runs_outside_any_transaction(recorder, delivering):
+    notify("test-recorder", {"sms": "+4912345"})
+
+    delivering().run(once=True)
+
+    assert recorder.in_transaction == [False]
+
+
+@pytest.mark.parametrize(("handler", "payload", "problem"), [
+    ("nobody-declared-me", {}, "no notice handler named 'nobody-declared-me'"),
+    ("test-recorder", {"at": object()}, "payload must be JSON"),
+    ("test-recorder", {"text": "x" * MAX_PAYLOAD_BYTES}, "over the 65,536 a notice stores"),
+])
+def test_notify_refuses_what_cannot_be_stored_inside_the_shops_transaction(recorder, handler, payload, problem):
+    with pytest.raises(NoticeRefused, match=problem), transaction.atomic():
+        notify(handler, payload)
+
+    assert not Notice.objects.exists()
+
+
+def test_notify_many_writes_one_insert_for_the_batch(recorder, make_order):
+    orders = [make_order(in_seconds=600) for _ in range(25)]
+
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        notices = notify_many("test-recorder", orders, key=lambda order: f"expired:{order.pk}")
+
+    inserts = [query["sql"] for query in queries.captured_queries if query["sql"].lstrip().upper().startswith("INSERT")]
+    assert len(inserts) == 1 and len(notices) == 25
+    assert {notice.key for notice in notices} == {f"expired:{order.pk}" for order in orders}
+
+
+def test_a_failing_delivery_is_retried_by_its_own_delays_then_a_dead_letter(recorder, delivering, clock, settings,
+                                                                           notice_queue):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "NOTICE_RETRY_DELAYS": [10, 60]}
+    recorder.failing = ConnectionError("the SMTP server is down")
+    notice = notify("test-recorder", {"to": "buyer@example.com"}, key="mail-1")
+    worker = delivering()
+
+    worker.run(once=True)
+    assert score_of(notice_queue, str(notice.pk)) == now_score(clock()) + 10_000
+    clock.advance(10)
+    worker.run(once=True)
+    clock.advance(60)
+    worker.run(once=True)
+
+    assert recorder.keys == ["mail-1"] * 3 and [d.attempt for d in recorder.deliveries] == [1, 2, 3]
+    letter = DeadLetter.objects.get(timer=NOTICES.name, order_id=str(notice.pk), resolved_at__isnull=True)
+    assert letter.attempts == 3 and "the SMTP server is down" in letter.last_error
+    notice.refresh_from_db()
+    assert (notice.state, notice.attempts) == (Notice.State.PENDING, 3)
+
+
+def test_a_notice_the_target_refused_for_good_is_a_dead_letter_at_once_with_its_answer(recorder, delivering):
+    recorder.failing = Rejected("the webhook answered 400", answer="400 Bad Request: unknown order")
+    notice = notify("test-recorder", {"order": 7})
+
+    delivering().run(once=True)
+
+    assert DeadLetter.objects.filter(timer=NOTICES.name, order_id=str(notice.pk), attempts=1).exists()
+    notice.refresh_from_db()
+    assert notice.last_answer == "400 Bad Request: unknown order"
+
+
+def test_a_failed_notice_fails_alone(recorder, delivering):
+    def some_fail(delivery):
+        recorder(delivery)
+        if delivery.payload["n"] % 2:
+            raise ConnectionError("refused")
+
+    handlers.declare("test-odd-fail", some_fail)
+    try:
+        notices = notify_many("test-odd-fail", [{"n": n} for n in range(6)])
+        stats = delivering().run(once=True)
+    finally:
+        handlers.forget("test-odd-fail")
+
+    states = dict(Notice.objects.values_list("pk", "state"))
+    assert [states[notice.pk] for notice in notices] == [Notice.State.DELIVERED, Notice.State.PENDING] * 3
+    assert (stats.of(NOTICES.name).delivered, stats.of(NOTICES.name).failed) == (3, 3)
+
+
+def test_a_notice_due_later_is_dropped_when_its_object_no_longer_meets_its_handlers_condition(
+        redis_client, delivering, make_order, order_model):
+    """ "Re-send the SMS in a moment unless it was paid meanwhile": asked when the notice is due (by
+    the database's clock, as every deadline: so this test waits the second it gives them)."""
+    sent: list[Any] = []
+    handlers.declare("test-resend", sent.append, model=order_model, pending=order_model.unpaid_q())
+    try:
+        paid, unpaid = make_order(in_seconds=600), make_order(in_seconds=600)
+        due = timezone.now() + timedelta(seconds=1)
+        notify_many("test-resend", [paid, unpaid], at=due)
+        paid.mark_paid()
+        worker = delivering()
+        worker.run(once=True)
+        assert sent == []  # not due yet
+        time.sleep(max((due - timezone.now()).total_seconds(), 0) + 0.05)
+        delivering().run(once=True)
+    finally:
+        handlers.forget("test-resend")
+
+    assert [delivery.object.pk for delivery in sent] == [unpaid.pk]
+    assert dict(Notice.objects.values_list("object_id", "state")) == {
+        str(paid.pk): Notice.State.DROPPED, str(unpaid.pk): Notice.State.DELIVERED}
+
+
+def test_a_notice_redis_lost_is_delivered_by_the_scan(recorder, settings, notice_queue):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "COMPENSATION_GRACE": 0}
+    notice = notify("test-recorder", {"webhook": "order.expired"})
+    notice_queue.delete_all_keys()  # Redis flushed with the notice pending
+
+    result = compensate()
+
+    assert recorder.keys == [notice.key] and result.timers[NOTICES.name].closed == 1
+    notice.refresh_from_db()
+    assert notice.state == Notice.State.DELIVERED
+
+
+def test_a_dead_lettered_notice_is_requeued_or_dropped_by_staff(recorder, delivering, settings, admin_user):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "NOTICE_RETRY_DELAYS": []}
+    recorder.failing = ConnectionError("down")
+    first, second = notify_many("test-recorder", [{"n": 1}, {"n": 2}])
+    delivering().run(once=True)
+    letters = {letter.order_id: letter for letter in DeadLetter.objects.filter(timer=NOTICES.name)}
+    assert set(letters) == {str(first.pk), str(second.pk)}
+
+    recorder.failing = None
+    staff.requeue([letters[str(first.pk)]], admin_user, timezone.now())
+    assert staff.drop([letters[str(second.pk)]], admin_user, timezone.now())["dropped"] == 1
+    delivering().run(once=True)
+
+    assert dict(Notice.objects.values_list("pk", "state")) == {first.pk: Notice.State.DELIVERED,
+                                                               second.pk: Notice.State.DROPPED}
+    assert set(DeadLetter.objects.values_list("resolution", flat=True)) == {
+        DeadLetter.Resolution.REQUEUED, DeadLetter.Resolution.DROPPED}
+
+
+def test_the_status_command_counts_the_notices(recorder, make_order):
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    notify_many("test-recorder", [{"n": n} for n in range(3)])
+    out = StringIO()
+    call_command("order_timeout_status", "--json", stdout=out)
+
+    figures = json.loads(out.getvalue())["timers"][NOTICES.name]
+    assert (figures["pending"], figures["due_unclaimed"]) == (3, 3)
+
+
+def test_a_close_and_its_notice_commit_together(recorder, make_order, consumer, receiver, delivering):
+    """The shop's receiver writes the notice in the close's transaction: closed and told, or neither."""
+
+    @receiver
+    def tell(sender, order, **kwargs):
+        notify("test-recorder", order, key=f"order-expired:{order.pk}")
+
+    orders = [make_order(in_seconds=-1) for _ in range(3)]
+    consumer().run(once=True)
+    delivering().run(once=True)
+
+    assert sorted(recorder.keys) == sorted(f"order-expired:{order.pk}" for order in orders)
+    assert Notice.objects.filter(handler="test-recorder", state=Notice.State.DELIVERED).count() == 3
+
+
+def test_a_notice_handler_condition_needs_its_model(redis_client):
+    from django.core.exceptions import ImproperlyConfigured
+
+    with pytest.raises(ImproperlyConfigured, match="pending and model go together"):
+        handlers.declare("test-half", print, pending=Q(pk=1))
+
+
+def test_the_admin_lists_the_notices_and_counts_them_on_its_overview(recorder, admin_client):
+    from django.urls import reverse
+
+    notice = notify("test-recorder", {"n": 1}, key="listed")
+
+    listing = admin_client.get(reverse("admin:order_timeout_notice_changelist"))
+    overview = admin_client.get(reverse("admin:order_timeout_timeoutoverview_changelist"))
+
+    assert listing.status_code == 200 and "listed" in listing.content.decode()
+    assert admin_client.get(reverse("admin:order_timeout_notice_change", args=[notice.pk])).status_code == 200
+    assert 'id="timer-notices"' in overview.content.decode()
