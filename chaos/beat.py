@@ -90,6 +90,11 @@ class Beat:
     def still_running(self) -> int:
         return len(self._running)
 
+    def running_pids(self) -> list[int]:
+        """The scans running now (a scenario tells their requests from the consumers')."""
+        with self._lock:
+            return [proc.pid for proc in self._running]
+
     def _run(self) -> None:
         tick = time.monotonic() + self.interval
         while not self._stopping.wait(max(0.0, tick - time.monotonic())):

@@ -62,6 +62,8 @@ class ConsumerPool:
     freeze_hold: float = 6.0
     # Any receiver exit status that is part of the scenario.
     expected_status: int | None = None
+    # Its logs are ``{name}-{slot}.log`` (a scenario may run two pools with different settings).
+    name: str = "consumer"
     exits: list[Exit] = field(default_factory=list)
     kills: int = 0
     freezes: int = 0
@@ -80,7 +82,7 @@ class ConsumerPool:
         self._thread.start()
 
     def _spawn(self, number: int) -> subprocess.Popen[bytes]:
-        return spawn(["run_timeout_consumer", "-v", "1"], self.env, self.logs / f"consumer-{number}.log")
+        return spawn(["run_timeout_consumer", "-v", "1"], self.env, self.logs / f"{self.name}-{number}.log")
 
     def stop(self) -> None:
         """Thaw everything, SIGTERM, wait for the batches in hand; SIGKILL what outlives 30 s."""
@@ -144,6 +146,17 @@ class ConsumerPool:
                 slot.doomed = True
                 slot.proc.kill()
                 self.kills += 1
+
+    def kill_pid(self, pid: int) -> bool:
+        """SIGKILL this live consumer (one the scenario caught in the act); whether it was one of ours."""
+        with self._lock:
+            for slot in self._running():
+                if slot.proc.pid == pid:
+                    slot.doomed = True
+                    slot.proc.kill()
+                    self.kills += 1
+                    return True
+        return False
 
     def freeze_one(self, hold: float, keep_awake: int = 2) -> None:
         """SIGSTOP a random running consumer for ``hold`` seconds, leaving ``keep_awake`` awake.

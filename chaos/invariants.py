@@ -9,20 +9,24 @@ the payment's failure).
 
 The payment scenarios have checks of their own: ``held_payment_checks``
 (orders held by a payment in flight) and ``reminder_checks`` (the test shop's
-``ReminderEmail`` rows and the app's ``Reminder`` records).
+``ReminderEmail`` rows and the app's ``Reminder`` records); the notices
+scenario too, ``notice_checks``: the app's ``Notice`` rows, and what the
+webhook target recorded (``chaos.sink``).
 """
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection
-from django.db.models import Field, Model
+from django.db.models import Field, Min, Model
 
 from order_timeout import get_order_model
-from order_timeout.models import DeadLetter, Deadline, Reminder
+from order_timeout.models import DeadLetter, Deadline, Notice, Reminder
 from testproject.shop.models import (
     OrderStatusChange,
     PlainOrder,
@@ -35,6 +39,7 @@ from testproject.shop.models import (
 
 from .kinds import COMPLETIONS, PLAIN_PAYMENT, RESERVATIONS
 from .models import Act, Delivery, Payment, Role, Settlement, ShopMove, Stranded, TimerRole
+from .sink import body_field, without_attempt
 from .story import Check, Cohort, Expect, KindCohort, Story
 
 EPOCH = datetime(1970, 1, 1)
@@ -608,3 +613,104 @@ def kinds_settled(story: Story) -> bool:
     empty = {"rows": 0, "acted": 0, "twice": 0, "settled": 0, "kept": 0, "acted_only": 0, "dead": 0}
     return all(kind_unsettled(cohort, counts.get((cohort.timer, cohort.name), empty)) == 0
                for cohort in story.kinds if cohort.acted is not False)
+
+
+# -- notices to the outside world (the notices scenario) ---------------------------------------
+
+
+def notice_checks(requests: Sequence[Any], handler: str) -> tuple[list[Check], dict[str, Any]]:
+    """What the ``Notice`` rows of ``handler`` and the target's record of ``requests`` (the sink's,
+    ``chaos.sink.Request``) say: one notice per closed order and none for another, each delivered,
+    each key accepted by the target at least once (none lost), every repeat the same key and body.
+    A request its sender's death cut short (its body incomplete) is counted apart: no target acts
+    on one.
+
+    A notice's key is ``{handler}:{order model label, lower}:{pk}`` (``notify_expired``).
+    """
+    t = Tables()
+    n = Notice._meta.db_table
+    prefix = f"{handler}:{get_order_model()._meta.label_lower}:"
+    without_one = _count(
+        f"SELECT COUNT(*) FROM (SELECT o.{t.pk} FROM {t.orders} o LEFT JOIN {n} n ON n.handler = %s "
+        f"AND n.`key` = CONCAT(%s, o.{t.pk}) WHERE o.{t.status} = %s GROUP BY o.{t.pk} "
+        f"HAVING COUNT(n.id) <> 1) x", [handler, prefix, t.closed])
+    of_unclosed = _count(
+        f"SELECT COUNT(*) FROM {n} n LEFT JOIN {t.orders} o ON o.{t.pk} = CAST(n.object_id AS SIGNED) "
+        f"WHERE n.handler = %s AND (o.{t.pk} IS NULL OR o.{t.status} <> %s OR n.object_model <> %s)",
+        [handler, t.closed, t.label])
+    undelivered = _count(f"SELECT COUNT(*) FROM {n} WHERE handler = %s AND state <> %s",
+                         [handler, Notice.State.DELIVERED])
+    wrong_key = _count(f"SELECT COUNT(*) FROM {n} WHERE handler = %s AND `key` <> CONCAT(%s, object_id)",
+                       [handler, prefix])
+    others = _count(f"SELECT COUNT(*) FROM {n} WHERE handler <> %s", [handler])
+    total, attempts, most = _rows(f"SELECT COUNT(*), COALESCE(SUM(attempts), 0), COALESCE(MAX(attempts), 0) "
+                                  f"FROM {n} WHERE handler = %s", [handler])[0]
+    letters = DeadLetter.objects.filter(timer="notices")
+    dead, dead_open = letters.count(), letters.filter(resolved_at__isnull=True).count()
+    keys = set(Notice.objects.filter(handler=handler).values_list("key", flat=True))
+
+    cut_short = sum(1 for request in requests if not request.complete)
+    requests = [request for request in requests if request.complete]
+    accepted = Counter(request.key for request in requests if request.accepted)
+    lost = keys - set(accepted)
+    strays = {request.key for request in requests} - keys
+    repeated = {key: count for key, count in accepted.items() if count > 1}
+    sent = Counter(request.key for request in requests)
+    bodies: dict[str, set[bytes]] = defaultdict(set)
+    keys_of_notice: dict[Any, set[str]] = defaultdict(set)
+    for request in requests:
+        bodies[request.key].add(request.body)
+        # The header's key, and the one the body names (``default_body``).
+        keys_of_notice[request.notice].update({request.key, body_field(request.body, "key")})
+    differing = [key for key, seen in bodies.items() if len(seen) > 1]
+    only_attempt = [key for key in differing if len({without_attempt(body) for body in bodies[key]}) == 1]
+    rekeyed = [notice for notice, seen in keys_of_notice.items() if len(seen) > 1]
+    unsigned = sum(1 for request in requests if not request.signed)
+    checks = [
+        Check("every closed order has exactly one notice", without_one == 0,
+              f"{without_one} closed orders without exactly one {handler} notice"),
+        Check("no notice of an order that was not closed", of_unclosed == 0,
+              f"{of_unclosed} notices of orders not closed (or of no order)"),
+        Check("a notice's idempotency key is its order's", wrong_key == 0, f"{wrong_key} notices keyed otherwise"),
+        Check("every notice delivered (its row says so)", undelivered == 0, f"{undelivered} of {total} are not"),
+        Check("no notice lost: the target accepted every notice's key at least once", not lost,
+              f"{len(lost)} of {len(keys)} never accepted, e.g. {sorted(lost)[:3]}"),
+        Check("the target got nothing but the notices' keys", not strays, f"{len(strays)} other keys"),
+        Check("no notice dead-lettered", dead == 0, f"{dead} dead letters ({dead_open} open)"),
+        Check("every request of a notice carries its key (Idempotency-Key and body alike)", not rekeyed,
+              f"{len(rekeyed)} notices sent under more than one key"),
+        Check("every repeat of a notice carries the same body", not differing,
+              f"{len(differing)} keys sent with different bodies"
+              + (f", {len(only_attempt)} of them differing only in 'attempt'" if only_attempt else "")
+              + (f", e.g. {sorted(differing)[0]}" if differing else "")),
+        Check("every request signed (SHOP_WEBHOOK_SECRET)", unsigned == 0, f"{unsigned} requests not signed"),
+    ]
+    facts: dict[str, Any] = {
+        "notices (delivered)": f"{total} ({total - undelivered})",
+        "requests to the target (accepted, refused)": f"{len(requests)} ({sum(accepted.values())}, "
+                                                      f"{sum(1 for request in requests if not request.accepted)})",
+        "keys sent more than once": sum(1 for count in sent.values() if count > 1),
+        "duplicates accepted (keys)": f"{sum(repeated.values()) - len(repeated)} ({len(repeated)})",
+        "lost": len(lost), "notice dead letters": dead,
+        "attempts counted (most of one notice)": f"{attempts} ({most})",
+    }
+    if cut_short:
+        facts["requests cut short by a kill"] = cut_short
+    if others:
+        facts["notices of other handlers"] = others
+    return checks, facts
+
+
+def notice_lateness(requests: Sequence[Any], handler: str) -> dict[int, tuple[float, float]]:
+    """Per order whose notice the target accepted: its close (the first delivery row: the
+    database's clock, in the closing transaction) and the first request of its notice the target
+    accepted (the harness's clock, on the same machine), as POSIX timestamps."""
+    prefix = f"{handler}:{get_order_model()._meta.label_lower}:"
+    first: dict[int, float] = {}
+    for request in requests:
+        if request.accepted and request.key.startswith(prefix):
+            pk = int(request.key[len(prefix):])
+            first[pk] = min(first.get(pk, request.at), request.at)
+    closed = dict(Delivery.objects.filter(order_id__in=list(first)).values_list("order_id")
+                  .annotate(at=Min("delivered_at")))
+    return {pk: (closed[pk].timestamp(), at) for pk, at in first.items() if pk in closed}

@@ -25,10 +25,11 @@ from django.utils import timezone
 
 from order_timeout import get_order_model
 from order_timeout.exceptions import QueueUnavailable
-from order_timeout.models import DeadLetter, Deadline, Reminder
+from order_timeout.models import DeadLetter, Deadline, Notice, Reminder
 from order_timeout.timers.watchdog import EXIT_STUCK
 from testproject.shop.models import (
     Checkout,
+    Expiry,
     PlainOrder,
     ReminderEmail,
     ShopOrder,
@@ -76,7 +77,9 @@ class Lab:
             Delivery._meta.db_table, Role._meta.db_table, Payment._meta.db_table,
             Settlement._meta.db_table, Stranded._meta.db_table, DeadLetter._meta.db_table,
             Reminder._meta.db_table, ReminderEmail._meta.db_table, Deadline._meta.db_table,
-            TimerRole._meta.db_table, ShopMove._meta.db_table, Act._meta.db_table]))
+            TimerRole._meta.db_table, ShopMove._meta.db_table, Act._meta.db_table,
+            # What the shop's close tells the outside world (notices), and its own record of closes.
+            Notice._meta.db_table, Expiry._meta.db_table]))
         connections.close_all()  # a fresh connection: the last scenario may have killed the server
         with connection.cursor() as cursor:
             cursor.execute("SET FOREIGN_KEY_CHECKS = 0")
@@ -89,11 +92,14 @@ class Lab:
 
     @contextmanager
     def consumers(self, count: int, *, expected_status: int | None = None,
-                  freeze_hold: float | None = None, **env: Any) -> Iterator[ConsumerPool]:
-        """``count`` consumers under a supervisor, each started (past Django's set-up) when this yields."""
+                  freeze_hold: float | None = None, name: str = "consumer", **env: Any) -> Iterator[ConsumerPool]:
+        """``count`` consumers under a supervisor, each started (past Django's set-up) when this yields.
+
+        ``name``: their logs' (``{name}-{slot}.log``), for a second pool with settings of its own.
+        """
         pool = ConsumerPool(count, {**self.env, **{k: str(v) for k, v in env.items()}}, self.logs,
                             expected_status=expected_status,
-                            freeze_hold=freeze_hold or self.tuning.lease_seconds + 1.5)
+                            freeze_hold=freeze_hold or self.tuning.lease_seconds + 1.5, name=name)
         self.pools.append(pool)
         pool.start()
         try:
@@ -106,7 +112,7 @@ class Lab:
         """Until each consumer printed its first line (it then claims within milliseconds)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            started = sum(1 for log in self.logs.glob("consumer-*.log")
+            started = sum(1 for log in self.logs.glob(f"{pool.name}-*.log")
                           if "Timeout consumer running" in log.read_text(errors="replace"))
             if started >= pool.size:
                 time.sleep(0.3)

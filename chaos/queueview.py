@@ -26,8 +26,9 @@ def _queue(kind: str = CLOSE) -> TimeoutQueue:
 
 
 def _kinds() -> list[str]:
-    """Every kind's queue: the order close, the reminders and each timer the shop declared."""
-    return [CLOSE, REMIND, *(timer.key_space for timer in registry.declared())]
+    """Every kind's queue: the order close, the reminders, each timer the shop declared and the
+    notices (once the shop declares a handler)."""
+    return [CLOSE, REMIND, *(timer.key_space for timer in registry.reported())]
 
 
 def member_of(pk: Any) -> str:
@@ -52,6 +53,12 @@ def inject_poison(due: datetime, tag: str) -> int:
         queue.client.zadd(shard.keys.pending, {b"\xff\xfe" + tag.encode(): deadline_score(due),
                                                f"far-{tag}".encode(): "+inf"})
     return 2 * len(queue.shards)
+
+
+def flush() -> None:
+    """FLUSHDB of the queue's Redis database: every member of every kind gone at once, the rows
+    untouched (what an operator's FLUSHDB, or a cache.clear() on the queue's alias, does)."""
+    _queue().client.flushdb()
 
 
 def quarantined() -> int:

@@ -25,7 +25,8 @@ def markdown(run: dict[str, Any]) -> str:
         f"Settings: LEASE_SECONDS {tuning['lease_seconds']:g}, RETRY_DELAYS "
         f"{list(tuning['retry_delays'])}, MAX_TAKEOVERS {tuning['max_takeovers']}, COMPENSATION_GRACE "
         f"{tuning['compensation_grace']:g}, COMPENSATION_INTERVAL {tuning['compensation_interval']:g}, "
-        f"BATCH_SIZE {tuning['batch_size']}, HOLD_RECHECK {tuning.get('hold_recheck', 30):g}; "
+        f"BATCH_SIZE {tuning['batch_size']}, HOLD_RECHECK {tuning.get('hold_recheck', 30):g}, "
+        f"NOTICE_RETRY_DELAYS [{', '.join(f'{delay:g}' for delay in tuning.get('notice_retry_delays', ()))}]; "
         f"REMINDERS [{', '.join(f'{lead:g}' for lead in tuning.get('reminders', ()))}] in `reminders` "
         f"and `every-kind` only; "
         f"order model {tuning['order_model']}.",

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import random
 import time
+import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -20,14 +22,16 @@ from django.db import connection, connections, transaction
 from django.db.models import Count, Model
 
 from order_timeout import get_order_model
-from order_timeout.models import Reminder
+from order_timeout.models import DeadLetter, Notice, Reminder
 
 from . import bounds, invariants, kinds, orders, queueview
+from .beat import Beat
 from .consumers import ConsumerPool
 from .lab import Lab
 from .models import Delivery, Payment, Role, Settlement, ShopMove, Stranded
 from .processes import repeatedly
 from .receivers import EXIT_STATUS
+from .sink import REFUSED, Sink
 from .story import Check, Cohort, Expect, KindCohort, Story
 
 CONSUMERS = 4
@@ -574,6 +578,249 @@ def _spread_from(start: datetime, count: int, spread: float) -> list[datetime]:
     due = [start + timedelta(seconds=i * step) for i in range(count)]
     random.shuffle(due)
     return due
+
+
+# -- what a close tells the outside world: notices ----------------------------------------------
+
+WEBHOOK = "order-expired-webhook"
+DUE_BEFORE_REFUSAL = "due before the 503s"
+DUE_WHILE_REFUSED = "due while the target refused"
+PAID_FIRST = "paid before the deadline"
+# The exit status of a consumer that dies right after a close's COMMIT (SHOP_EXIT_AFTER_COMMIT).
+EXIT_AFTER_COMMIT = 9
+# How long the target holds open the request whose sender the harness kills meanwhile.
+HOLD_SECONDS = 0.3
+# Seconds the kills go on once the target takes notices again: the backlog's first seconds.
+KILLS_AFTER_REFUSAL = 5.0
+
+
+@scenario("notices", "a webhook notice per closed order, to a local HTTP server: consumers SIGKILLed in the "
+                     "handler and right after the close's COMMIT, the server refusing (503) a while, Redis "
+                     "flushed with notices pending")
+def notices(lab: Lab) -> Story:
+    """Each close writes, in its transaction, one notice for the test shop's webhook handler
+    (``notify_expired`` to ``order-expired-webhook``), which POSTs it to a server of the
+    harness's own (``chaos.sink``), signed, with its key as ``Idempotency-Key``.
+
+    1. From the first deadline on, about every second the server holds open the next request
+       it accepts (recorded first, as a target that acts before it answers) while the harness
+       SIGKILLs the consumer that sent it, in its handler; a fifth consumer runs with
+       SHOP_EXIT_AFTER_COMMIT=1 and dies right after each close's COMMIT, before any
+       after-commit work (its notices were announced to Redis a lease late, never scheduled).
+    2. Halfway through the deadlines (or from the last one less half the refusal, if later)
+       the server answers 503 to everything for ``sizes.refusal`` seconds (30; 5 with
+       --quick), then takes notices again, the kills going on for KILLS_AFTER_REFUSAL more
+       seconds.
+    3. While it refuses, once every order is closed, the queue's Redis database is flushed:
+       the notices pending then (in backoff) are left to the compensation scan.
+
+    A twentieth of the orders is paid before its deadline: none of them may have a notice.
+    """
+    t, sizes = lab.tuning, lab.sizes
+    death = bounds.consumer_death(t)
+    secret = uuid.uuid4().hex
+    pools: list[ConsumerPool] = []
+    beats: list[Beat] = []
+
+    def consumers_now() -> set[int]:
+        return {pid for pool in pools for pid in pool.pids()}
+
+    def senders() -> list[int]:
+        return [*consumers_now(), *(pid for beat in beats for pid in beat.running_pids())]
+
+    def kill(pid: int) -> bool:
+        return any(pool.kill_pid(pid) for pool in pools)
+
+    sink = Sink(secret=secret, candidates=senders, holdable=lambda pid: pid in consumers_now(), on_hold=kill,
+                hold_seconds=HOLD_SECONDS)
+    moments: dict[str, Any] = {}
+    with sink:
+        env: dict[str, Any] = {"SHOP_WEBHOOK_URL": sink.url, "SHOP_WEBHOOK_SECRET": secret, "SHOP_EMAIL_NOTICES": 0}
+        with (lab.consumers(CONSUMERS, **env) as pool,
+              lab.consumers(1, name="exit-after-commit", expected_status=EXIT_AFTER_COMMIT,
+                            SHOP_EXIT_AFTER_COMMIT=1, SHOP_RECORD_EXPIRIES=1, **env) as exiting,
+              lab.beat(**env) as beat):
+            pools += [pool, exiting]
+            beats.append(beat)
+            # Long enough that notices closed before the refusal have a lease and the slack to reach
+            # the target first (12 s with --quick); the refusal from halfway, or later, so that the
+            # last close comes early enough in it for the flush to find its notices still refused.
+            spread = max(sizes.spread, 2 * (death.seconds + 1))
+            created = lab.create_orders(sizes.count(0.5), spread=spread, cohort=DUE_BEFORE_REFUSAL)
+            due = _deadlines(created.ids)
+            refuse_at = max(lab.after(created.first_deadline, spread / 2),
+                            lab.after(created.last_deadline, -sizes.refusal / 2))
+            orders.assign([pk for pk, at in due.items() if at >= refuse_at], DUE_WHILE_REFUSED)
+            paid = random.sample(created.ids, max(1, len(created.ids) // 20))
+            orders.assign(paid, PAID_FIRST)
+            plan = {pk: due[pk] - timedelta(seconds=random.uniform(0.5, 1.0)) for pk in paid}
+            with repeatedly(1.0, sink.hold_next):
+                kinds.alongside(lambda: orders.pay_at(plan, threads=4),
+                                lambda: _refuse_then_flush(lab, sink, created, refuse_at, moments))
+            delivered_all = _wait_for_notices(lab, moments["back_at"])
+            story = lab.settle(Story([Cohort(DUE_BEFORE_REFUSAL, Expect.CLOSED, death),
+                                      Cohort(DUE_WHILE_REFUSED, Expect.CLOSED, death),
+                                      Cohort(PAID_FIRST, Expect.PAID_OR_CLOSED, death)]))
+        requests = sink.requests()
+    checks, facts = invariants.notice_checks(requests, WEBHOOK)
+    story.checks += checks
+    scans = {scan.pid for scan in beat.scans}
+    died_after_commit = [e.pid for e in exiting.exits if e.status == EXIT_AFTER_COMMIT]
+    closed_then_died = set(Delivery.objects.filter(pid__in=died_after_commit).values_list("order_id", flat=True))
+    arrivals = invariants.notice_lateness(requests, WEBHOOK)
+    late = {pk: first - closed for pk, (closed, first) in arrivals.items()}
+    refused_at, back_at = moments["refused_at"].timestamp(), moments["back_at"].timestamp()
+    # Closed a lease and the slack before the refusal: nothing but the kills between them and the target.
+    calm = [late[pk] for pk, (closed, _first) in arrivals.items() if closed < refused_at - death.seconds]
+    after_back = [first - back_at for closed, first in arrivals.values() if closed >= refused_at]
+    held = [request for request in requests if request.held]
+    kills = pool.kills + exiting.kills
+    refused = sum(1 for request in requests if request.status == REFUSED)
+    by_scan = [request for request in requests if request.pid in scans]
+    story.checks += [
+        Check("consumers were SIGKILLed in the handler (the target holding their request)",
+              bool(held) and kills > 0, f"{len(held)} requests held, {kills} kills"),
+        Check("consumers died right after a close's COMMIT (SHOP_EXIT_AFTER_COMMIT)", bool(closed_then_died),
+              f"{len(died_after_commit)} exits, {len(closed_then_died)} orders closed by them"),
+        Check("the notices of the orders whose consumer died right after the COMMIT reached the target",
+              closed_then_died <= set(arrivals), f"{len(closed_then_died - set(arrivals))} did not"),
+        Check("the target refused notices (503)", bool(refused), f"{refused} requests refused"),
+        Check("notices were pending when Redis was flushed", moments["pending_at_flush"] > 0,
+              f"{moments['pending_at_flush']} pending"),
+        Check("a compensation scan delivered (or tried) notices Redis had lost", bool(by_scan),
+              f"{len(by_scan)} requests from scans"),
+        Check("every notice delivered before the harness stopped waiting", delivered_all),
+        Check("every order was closed before Redis was flushed", moments["unclosed_at_flush"] == 0,
+              f"{moments['unclosed_at_flush']} were not (their members went with the flush)", timing=True),
+        Check(f"notices of orders closed before the refusal delivered within the bound ({death.formula} after "
+              f"the close)", bool(calm) and max(calm) <= death.seconds,
+              f"latest {max(calm):.2f} s after its close" if calm else "no order closed that early", timing=True),
+    ]
+    ordered = sorted(late.values())
+    story.facts.update({
+        **facts,
+        "consumers killed in the handler": len(held),
+        "consumer exits right after a close's COMMIT (their orders)": f"{len(died_after_commit)} "
+                                                                       f"({len(closed_then_died)})",
+        "notices pending when Redis was flushed": moments["pending_at_flush"],
+        "requests from scans (accepted)": f"{len(by_scan)} ({sum(1 for r in by_scan if r.accepted)})",
+        "delivery after the close, p50 / p99 / max (s)": " / ".join(
+            f"{value:.2f}" for value in (_quantile(ordered, 0.5), _quantile(ordered, 0.99), ordered[-1])
+        ) if ordered else "–",
+        "latest of those closed before the refusal, after the close (s)": round(max(calm), 2) if calm else "–",
+        "latest of those closed while refused, after the target came back (s)":
+            round(max(after_back), 2) if after_back else "–",
+        "refused for (s)": round(back_at - refused_at, 1),
+    })
+    return story
+
+
+def _refuse_then_flush(lab: Lab, sink: Sink, created: orders.Created, refuse_at: datetime,
+                       moments: dict[str, Any]) -> None:
+    """The target refuses from ``refuse_at`` for ``sizes.refusal`` seconds; meanwhile, once every
+    order is closed (so that no close member goes with it), the queue's Redis database is flushed."""
+    try:
+        lab.wait_until(refuse_at)
+        sink.refusing.set()
+        moments["refused_at"] = lab.now()
+        back_at = lab.after(moments["refused_at"], lab.sizes.refusal)
+        flush_by = lab.after(back_at, -min(1.0, lab.sizes.refusal / 4))
+        lab.wait_until(min(lab.after(created.last_deadline, 0.5), flush_by))
+        model = get_order_model()
+        unclosed = model._base_manager.filter(model.unpaid_q())
+        while lab.now() < flush_by and unclosed.exists():
+            time.sleep(0.1)
+        moments["unclosed_at_flush"] = unclosed.count()
+        moments["pending_at_flush"] = Notice.objects.filter(state=Notice.State.PENDING).count()
+        queueview.flush()
+        moments["flushed_at"] = lab.now()
+        lab.wait_until(back_at)
+        sink.refusing.clear()
+        moments["back_at"] = lab.now()
+        time.sleep(KILLS_AFTER_REFUSAL)
+    finally:
+        sink.refusing.clear()
+        connection.close()
+
+
+def _wait_for_notices(lab: Lab, back_at: datetime) -> bool:
+    """Until no notice is pending (every one delivered, or a dead letter); False if that took longer
+    than the longest path: every retry (a notice Redis lost starts its count again) after the target
+    came back, a scan's grace, two beats and the slack."""
+    t = lab.tuning
+    give_up = lab.after(back_at, sum(t.notice_retry_delays) + t.compensation_grace
+                        + 2 * t.compensation_interval + bounds.SLACK)
+    pending = Notice.objects.filter(state=Notice.State.PENDING)
+    while lab.now() < give_up:
+        if not pending.exclude(pk__in=DeadLetter.objects.filter(timer="notices", resolved_at__isnull=True)
+                               .values("order_id")).exists():
+            return True
+        time.sleep(0.25)
+    return False
+
+
+def _quantile(ordered: list[float], share: float) -> float:
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+# How late the slow target answers each notice, as a share of the webhook's timeout (half the lease).
+SLOW_ANSWER = 0.8
+
+
+@scenario("notices-slow-target", "notices Redis lost, delivered by the scan to a target that answers slowly "
+                                 "(the scan delivers a chunk a claim's worth at a time, its lock renewed "
+                                 "between them: no scan delivers what another has in hand)")
+def notices_slow_target(lab: Lab) -> Story:
+    """No process dies and the target refuses nothing for good; it is only slow.
+
+    The target refuses (503) while the orders close, so every notice is pending, in backoff;
+    then the queue's Redis database is flushed, and the target takes notices again, answering
+    each SLOW_ANSWER of the webhook's timeout late. The scan delivers a chunk
+    (COMPENSATION_CHUNK, 500) 16 at a time, so a chunk lasts about chunk / 16 x that answer,
+    and the scan's lock (COMPENSATION_LOCK_SECONDS) is renewed only between chunks: once a
+    chunk outlives it, the next beat's scan takes the lock and delivers the same notices,
+    still pending, again. At least once allows that; with nothing failing it should not happen.
+    """
+    t = lab.tuning
+    secret = uuid.uuid4().hex
+    beats: list[Beat] = []
+    sink = Sink(secret=secret, candidates=lambda: [pid for beat in beats for pid in beat.running_pids()])
+    with sink:
+        env: dict[str, Any] = {"SHOP_WEBHOOK_URL": sink.url, "SHOP_WEBHOOK_SECRET": secret, "SHOP_EMAIL_NOTICES": 0}
+        with lab.consumers(CONSUMERS, **env), lab.beat(**env) as beat:
+            beats.append(beat)
+            sink.refusing.set()
+            created = lab.create_orders(lab.sizes.count(0.15, at_least=800), spread=lab.sizes.spread)
+            lab.wait_until(lab.after(created.last_deadline, t.lease_seconds))
+            pending = Notice.objects.filter(state=Notice.State.PENDING).count()
+            queueview.flush()
+            sink.answer_delay = SLOW_ANSWER * t.lease_seconds / 2
+            sink.refusing.clear()
+            flushed = lab.now()
+            delivered_all = _wait_for_notices(lab, flushed)
+            story = lab.settle(Story([Cohort("orders", Expect.CLOSED, bounds.consumer_death(t))]))
+        requests = sink.requests()
+    checks, facts = invariants.notice_checks(requests, WEBHOOK)
+    accepted = Counter(request.key for request in requests if request.accepted and request.at >= flushed.timestamp())
+    twice = {key: count for key, count in accepted.items() if count > 1}
+    scans = {scan.pid for scan in beat.scans}
+    story.checks += [check for check in checks if check.name != "every repeat of a notice carries the same body"]
+    story.checks += [
+        Check("notices were pending when Redis was flushed", pending > 0, f"{pending} pending"),
+        Check("every notice delivered before the harness stopped waiting", delivered_all),
+        Check("no notice delivered twice by the scans, with nothing failing (a slow target only)", not twice,
+              f"{len(twice)} notices delivered more than once after the flush ({sum(twice.values()) - len(twice)} "
+              f"duplicates); longest scan {max((scan.seconds for scan in beat.scans), default=0):.1f} s, "
+              f"COMPENSATION_LOCK_SECONDS {t.compensation_lock_seconds:g}"),
+    ]
+    by_scan = [request for request in requests if request.pid in scans]
+    story.facts.update({**facts, "notices pending when Redis was flushed": pending,
+                        "answers late by (s)": sink.answer_delay,
+                        "requests from scans (accepted)": f"{len(by_scan)} ({sum(1 for r in by_scan if r.accepted)})",
+                        "delivered after the flush within (s)": round(
+                            max((request.at for request in requests), default=flushed.timestamp())
+                            - flushed.timestamp(), 1)})
+    return story
 
 
 MALFORMED = ["", "abc", " 7", "07", "+7", "7.0", "1e3", "-0", "٣", "7\n", "[7]", "None", "🙂",

@@ -41,6 +41,10 @@ class Tuning:
     # so a consumer killed holding it loses it: taken over after the deadline, it is
     # dropped (never sent after the deadline). docs/reliability.md says what is held then.
     reminders: tuple[float, ...] = (6.0, 1.0)
+    # NOTICE_RETRY_DELAYS: a notice whose target refuses is tried again after each (63.5 s in
+    # all, twice the longest refusal of the notices scenario), then a dead letter. Doubling,
+    # as the default does, from half a second: a target back is found within a step of it.
+    notice_retry_delays: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
     key_prefix: str = "chaos"
     order_model: str = "order_timeout.Order"
 
@@ -55,6 +59,8 @@ class Tuning:
             "SCHEDULE_TIMEOUT": self.schedule_timeout, "HOLD_RECHECK": self.hold_recheck,
         }
         env = {f"ORDER_TIMEOUT_{key}": json.dumps(value) for key, value in values.items()}
+        # Read by the test project itself, as "0.5,1,2".
+        env["ORDER_TIMEOUT_NOTICE_RETRY_DELAYS"] = ",".join(f"{delay:g}" for delay in self.notice_retry_delays)
         env["ORDER_TIMEOUT_KEY_PREFIX"] = self.key_prefix
         env["ORDER_TIMEOUT_ORDER_MODEL"] = self.order_model
         return env
@@ -94,6 +100,8 @@ class Sizes:
     # many exits and as many overruns, after one hang), and per pause point in the
     # sigstop scenario ("pause": after a claim, and as many in the close).
     misbehaving: dict[str, int] = field(default_factory=dict)
+    # Seconds the webhook target refuses every notice (503) in the notices scenario.
+    refusal: float = 30.0
 
     def count(self, share: float, at_least: int = 1) -> int:
         """A share of ``orders``, never fewer than ``at_least``."""
@@ -101,7 +109,7 @@ class Sizes:
 
 
 QUICK = Sizes(orders=300, spread=3.0, lead=1.0,
-              misbehaving={"raise": 4, "flaky": 6, "exit": 1, "pause": 2})
+              misbehaving={"raise": 4, "flaky": 6, "exit": 1, "pause": 2}, refusal=5.0)
 # 400 deadlines a second: headroom on the 2-core machine, so that a bound measures how a
 # fault heals rather than whether the machine keeps up (``--spread`` changes it).
 FULL = Sizes(orders=10_000, spread=25.0, lead=3.0,
