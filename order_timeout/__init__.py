@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -54,7 +54,7 @@ def notify(handler: str, obj_or_payload: Any, *, key: str | None = None, at: dat
 
 
 def notify_many(handler: str, objs_or_payloads: Iterable[Any], *, key: Any = None,
-                at: datetime | None = None) -> list[Any]:
+                at: datetime | None = None) -> Sequence[Any]:
     """``notify()`` for a batch, one INSERT; see ``order_timeout.notices.notify_many``."""
     from .notices.writing import notify_many as _notify_many
 

@@ -184,7 +184,8 @@ class Consumer:
         # Most members a claim of each lane takes: the batch size, or less for a kind that says so.
         self._limit_of_lane = [min(self.batch_size, kind.claim_limit or self.batch_size)
                                for kind in self._kind_of_lane]
-        self.rota = ShardRota(len(self.lanes.shards))
+        self.rota = ShardRota(len(self.lanes.shards),
+                              yielding={lane for lane, kind in enumerate(self._kind_of_lane) if kind.yields})
         self._claims = (f"{uuid.uuid4().hex[:12]}:{n}" for n in itertools.count())
         self._stop = threading.Event()
         # Set to end a sleep early: by a stop, or by a new earliest deadline.

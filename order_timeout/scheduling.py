@@ -101,6 +101,14 @@ def follow(kinds: Sequence[Timer], rows: Iterable[Any], *, remember: bool = Fals
         transaction.on_commit(partial(_sync, change), using=using)
 
 
+def follow_members(kind: Timer, using: str, deadlines: dict[str, int]) -> None:
+    """``follow`` for members whose scores the caller already has (a batch of new notices): the
+    same after-commit sync, without a look at each row."""
+    change = _Change()
+    change.deadlines[kind.key_space].update(deadlines)
+    transaction.on_commit(partial(_sync, change), using=using)
+
+
 def forget(kinds: Sequence[Timer], rows: Iterable[Any]) -> None:
     """Take these rows off each kind's queue once the transaction commits."""
     by_database: dict[str, _Change] = defaultdict(_Change)

@@ -297,3 +297,62 @@ def test_the_admin_lists_the_notices_and_counts_them_on_its_overview(recorder, a
     assert listing.status_code == 200 and "listed" in listing.content.decode()
     assert admin_client.get(reverse("admin:order_timeout_notice_change", args=[notice.pk])).status_code == 200
     assert 'id="timer-notices"' in overview.content.decode()
+
+
+def test_a_burst_of_closes_goes_before_the_notices_it_writes(recorder, make_order, consumer, receiver, clock):
+    """Seen in the benchmark (issue 26): the notices' lane had every other claim during a burst of
+    closes, at 0.30x the plain burst's rate. The closes due go first; their notices follow."""
+    from order_timeout.timers.registry import ORDER_TIMEOUT
+
+    @receiver
+    def tell(sender, order, **kwargs):
+        notify("test-recorder", order, key=f"order-expired:{order.pk}")
+
+    orders = [make_order(in_seconds=-1) for _ in range(9)]
+    worker = consumer(kinds=[ORDER_TIMEOUT, NOTICES], batch_size=3)
+    # Past the notices' time too: notify() dates them by the host's clock.
+    clock.current = max(clock.current, timezone.now()) + timedelta(seconds=5)
+
+    kinds = []
+    for _ in range(10):
+        claim = worker.run_once()
+        if claim.members:
+            kinds.append(worker.kind_of(claim)[0].name)
+
+    # Three batches of closes, then their notices (the test shop's own e-mails among them).
+    assert kinds[:3] == [ORDER_TIMEOUT.name] * 3 and set(kinds[3:]) == {NOTICES.name}
+    assert sorted(recorder.keys) == sorted(f"order-expired:{order.pk}" for order in orders)
+
+
+def test_notify_many_reads_the_keys_back_where_the_database_returns_none(recorder, make_order, monkeypatch):
+    """MySQL returns no keys from a multi-row INSERT (MariaDB and PostgreSQL do): read back by key."""
+    orders = [make_order(in_seconds=600) for _ in range(4)]
+    monkeypatch.setattr(type(connection.features), "can_return_rows_from_bulk_insert", False)
+
+    with transaction.atomic():
+        notices = notify_many("test-recorder", orders, key=lambda order: f"expired:{order.pk}")
+
+    stored = dict(Notice.objects.values_list("key", "pk"))
+    assert [(notice.key, notice.pk) for notice in notices] == [(f"expired:{order.pk}", stored[f"expired:{order.pk}"])
+                                                                for order in orders]
+
+
+def test_a_written_notice_reads_as_its_row_does(recorder, make_order):
+    order = make_order(in_seconds=600)
+
+    notice, = notify_many("test-recorder", [order], key=lambda order: "k")
+    stored = Notice.objects.get(pk=notice.pk)
+
+    fields = [field.attname for field in Notice._meta.concrete_fields]
+    assert {name: getattr(notice, name) for name in fields} == {name: getattr(stored, name) for name in fields}
+    assert notice._state.adding is False
+
+
+def test_the_notices_of_a_batch_are_rows_in_the_order_of_their_items(recorder):
+    written = notify_many("test-recorder", [{"n": n} for n in range(5)], key=lambda item: f"n-{item['n']}")
+
+    assert [notice.key for notice in written] == [f"n-{n}" for n in range(5)]
+    assert [notice.key for notice in written[1:3]] == ["n-1", "n-2"] and written[-1].key == "n-4"
+    assert written[0] is written[0] and written[0].payload == {"n": 0}
+    with pytest.raises(IndexError):
+        written[5]

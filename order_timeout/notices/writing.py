@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -30,6 +30,7 @@ from django.utils import timezone
 
 from ..exceptions import OrderTimeoutError
 from .registry import handlers
+from .rows import insert_notices
 
 # The largest payload a notice stores, as JSON (UTF-8): a notice names what it is about and
 # what the handler needs; a document belongs in the shop's own tables.
@@ -56,32 +57,28 @@ def notify(handler: str, obj_or_payload: Any, *, key: str | None = None, at: dat
 
 
 def notify_many(handler: str, objs_or_payloads: Iterable[Any], *, key: Key = None,
-                at: datetime | None = None) -> list[Any]:
+                at: datetime | None = None) -> Sequence[Any]:
     """``notify()`` for a batch: one INSERT for them all (from ``orders_expired``, a ``fire()``).
 
     ``key``: a callable giving each item's key (``lambda order: f"expired:{order.pk}"``), or None.
+    Returns the notice rows, in the order of the items (each built when it is read).
     """
     from ..models import Notice
     from ..timers.registry import NOTICES
 
     declared = _declared(handler)
     due = _due(at)
-    items = list(objs_or_payloads)
-    rows = [Notice(handler=declared, due_at=due, **_stored(item), key=_key(key, item)) for item in items]
-    if not rows:
+    stored = [(_key(key, item), *_stored(item)) for item in objs_or_payloads]
+    if not stored:
         return []
     using = router.db_for_write(Notice)
-    written = Notice.objects.using(using).bulk_create(rows)
-    if any(row.pk is None for row in written):
-        # A database that returns no keys from a bulk INSERT (MySQL; MariaDB and PostgreSQL do):
-        # read them back in the same transaction, by the keys just written.
-        keys = {row.key for row in written}
-        written = list(Notice.objects.using(using).filter(handler=declared, key__in=keys, state=Notice.State.PENDING))
+    written = insert_notices(using, declared, due, stored)
     # Its member reaches Redis twice: now, a lease late, and at its time once the transaction
     # commits. A process that dies between the COMMIT and its after-commit work (a deploy's
     # SIGKILL, the OOM killer) leaves the notice to a consumer a lease later, not to the scan.
-    NOTICES.announce(written)
-    NOTICES.schedule(written)
+    deadlines = NOTICES.scores([(pk, due) for pk in written.pks])
+    NOTICES.announce(deadlines)
+    NOTICES.schedule_members(using, deadlines)
     return written
 
 
@@ -107,13 +104,14 @@ def _key(key: Key, item: Any) -> str:
     return value
 
 
-def _stored(item: Any) -> dict[str, Any]:
-    """The notice's columns for ``item``: a reference to a model instance, or the JSON payload."""
+def _stored(item: Any) -> tuple[str | None, Any, str, str]:
+    """The notice's payload (as JSON text, and as the value it reads as), object model and object
+    id for ``item``: a reference to a model instance (no payload: ``Delivery.payload`` is made of
+    the reference when it is delivered), or the JSON payload."""
     if isinstance(item, models.Model):
         if item.pk is None:
             raise NoticeRefused(f"notify() was given an unsaved {type(item).__name__}: save it first")
-        return {"payload": {"model": item._meta.label, "pk": str(item.pk)},
-                "object_model": item._meta.label, "object_id": str(item.pk)}
+        return None, {}, item._meta.label, str(item.pk)
     try:
         text = json.dumps(item, cls=DjangoJSONEncoder)
     except (TypeError, ValueError) as exc:
@@ -123,7 +121,7 @@ def _stored(item: Any) -> dict[str, Any]:
         raise NoticeRefused(f"a notice's payload is {len(text.encode()):,} bytes as JSON, over the "
                             f"{MAX_PAYLOAD_BYTES:,} a notice stores: store the document in your own table and "
                             "the notice's payload names it")
-    return {"payload": json.loads(text)}
+    return text, json.loads(text), "", ""
 
 
 def check_handler(name: str) -> None:

@@ -2,7 +2,9 @@
 
 A lane is one shard of one kind of timer (the order close's shards first,
 then each other kind's). A consumer starts at a random lane and goes round,
-so many consumers spread over the shards and no kind waits behind another.
+so many consumers spread over the shards and no kind waits behind another;
+a kind that yields (the notices, which follow the closes' commits) waits
+behind the others' due members for a second at most.
 It remembers each lane's next score (from its last claim, a wake-up, or a
 refresh every ``MAX_WAIT``), so an idle consumer asks only the lanes that are
 due or woke it.
@@ -12,7 +14,8 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Collection, Sequence
 
 from .errors import redis_errors
 from .shards import LOOK_NOW, Claim, TimeoutQueue, _score
@@ -54,24 +57,46 @@ class Lanes:
         return result
 
 
+# Seconds a yielding lane's due members wait at most while other lanes have due members.
+YIELD_SECONDS = 1.0
+
+
 class ShardRota:
-    def __init__(self, shards: int, start: int | None = None) -> None:
+    """Which lane to claim next: the next one due, going round.
+
+    ``yielding`` lanes (a kind that says ``yields``: the notices) are claimed
+    when no other lane is due, or once they have been passed over for
+    ``YIELD_SECONDS`` while due: a burst of closes goes first, and the work
+    it starts follows within a second, never starved.
+    """
+
+    def __init__(self, shards: int, start: int | None = None, *, yielding: Collection[int] = (),
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.count = shards
         # Per shard: the earliest score it holds (ms), UNKNOWN, or None when it is empty.
         self._next: list[int | None] = [UNKNOWN] * shards
         self._cursor = random.randrange(shards) if start is None else start
         self._lock = threading.Lock()
+        self._yielding = frozenset(yielding)
+        self._clock = clock
+        # Since when each yielding lane has been passed over while due (absent: it is not waiting).
+        self._waiting_since: dict[int, float] = {}
 
     def next_due(self, due_ms: int) -> int | None:
         """The next shard, going round, with something due by ``due_ms``; None if none has."""
         with self._lock:
-            for step in range(self.count):
-                index = (self._cursor + step) % self.count
-                score = self._next[index]
-                if score is not None and score <= due_ms:
-                    self._cursor = (index + 1) % self.count
-                    return index
-        return None
+            due = [(self._cursor + step) % self.count for step in range(self.count)]
+            due = [index for index in due if (score := self._next[index]) is not None and score <= due_ms]
+            if not due:
+                return None
+            now = self._clock()
+            waited_enough = [index for index in due if index in self._yielding
+                             and now - self._waiting_since.setdefault(index, now) >= YIELD_SECONDS]
+            others = [index for index in due if index not in self._yielding]
+            index = (waited_enough or others or due)[0]
+            self._waiting_since.pop(index, None)
+            self._cursor = (index + 1) % self.count
+            return index
 
     def has_due(self, due_ms: int) -> bool:
         with self._lock:

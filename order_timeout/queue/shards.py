@@ -203,6 +203,17 @@ class Shard:
                                                           args=_pairs(chunk)))
         return added
 
+    def announce(self, deadlines: Mapping[str, int]) -> None:
+        """Add members at these scores, or move them earlier (LT), waking no one: every slice in
+        one round trip. For members that must be there early and are scheduled properly later
+        (a notice, a lease late, before its transaction commits)."""
+        with redis_errors("announce"):
+            pipe = self.client.pipeline(transaction=False)
+            members = list(deadlines)
+            for part in _slices(members, SCHEDULE_SLICE):
+                pipe.zadd(self.keys.pending, {member: deadlines[member] for member in part}, lt=True)
+            pipe.execute()
+
     def forget(self, token: str, members: Sequence[str]) -> int:
         keys = self.keys
         dropped = 0
@@ -432,6 +443,11 @@ class TimeoutQueue:
         return sum(shard.schedule({member: deadlines[member] for member in members},
                                   only_missing=only_missing)
                    for shard, members in self.by_shard(deadlines).items())
+
+    def announce(self, deadlines: Mapping[str, int]) -> None:
+        """``Shard.announce`` on each shard: members early, moved earlier only, waking no one."""
+        for shard, members in self.by_shard(deadlines).items():
+            shard.announce({member: deadlines[member] for member in members})
 
     def unschedule(self, members: Iterable[str]) -> None:
         """Forget members wherever they are: pending, leased, retry state (the order was paid)."""

@@ -262,7 +262,7 @@ class CompensationScan:
     def _act_counted(self, kind: Timer, members: dict[str, Any], figures: ScanResult) -> None:
         """Act on these in batches of the kind's claim limit (all at once for most kinds), each
         counted in Redis so a scan that dies doing it is known. A kind that waits on the outside
-        world (the notices: 16 at once) has its lock renewed between its batches, so a chunk of
+        world (the notices: a claim's worth at once) has its lock renewed between its batches, so a chunk of
         slow deliveries never outlives the lock and has the next scan deliver them again."""
         size = kind.claim_limit or len(members) or 1
         items = list(members.items())

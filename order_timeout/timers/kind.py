@@ -119,6 +119,10 @@ class Timer:
     # Most members one claim of this kind takes (None: BATCH_SIZE): a kind whose act waits on
     # the outside world takes no more than it acts on at once.
     claim_limit: ClassVar[int | None] = None
+    # A kind whose work follows the others' commits (the notices: a close's e-mail) says so: its
+    # due members wait while another kind's are due, for ``lanes.YIELD_SECONDS`` at most, so a
+    # burst of closes is not slowed by the deliveries it starts, and they still never starve.
+    yields: ClassVar[bool] = False
     # A kind's own words for the lifecycle's outcomes, in log lines and reports.
     labels: ClassVar[Mapping[str, str]] = {}
 
