@@ -22,6 +22,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
 os.environ["SHOP_RECORD_EXPIRIES"] = "0"
 # The order close alone, as the ref it is compared with ran it: no timer of the test shop's own.
 os.environ["SHOP_TIMERS"] = "0"
+# Nor a notice of its own (an e-mail per close): the notices rows' closers turn them on (bench/systems.py).
+os.environ["SHOP_NOTICES"] = "0"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -184,16 +186,18 @@ def main(argv: list[str]) -> int:
             system.stop()
         measured = {kind: phase and workloads.results(phase, system) for kind, phase in timed.items()}
         if "crash" in system.workloads and (system.crash_in_quick or not args.quick):
-            print("  crash ...", flush=True)
-            workloads.reset()  # an undrained burst's leftovers would be claimed first
-            # A fresh instance: closers of its own, in a folder of their own.
-            crashing = cls(record_dir / "crash")
-            measured["crash"] = crash.crash(crashing, row_sizes)
-            system.errors += crashing.errors
+            for result, victim, what in system.crash_victims:
+                print(f"  crash ({what} killed) ..." if len(system.crash_victims) > 1 else "  crash ...", flush=True)
+                workloads.reset()  # an undrained burst's leftovers would be claimed first
+                # A fresh instance: closers of its own, in a folder of their own.
+                crashing = cls(record_dir / result)
+                measured[result] = {**crash.crash(crashing, row_sizes, victim), "killed": what}
+                system.errors += crashing.errors
         if system.errors:
             data["errors"][system.name] = system.errors
         rounds.setdefault(system.name, []).append({
             "label": system.label, "closers": system.closers, "memory": system.memory, "idle": idle,
+            "delivers_notices": system.delivers_notices,
             "crash_note": system.crash_note, "sizes": row_sizes.__dict__ if system.limits else None, **measured,
         })
         if os.environ.get("BENCH_KEEP_LOGS") == "1":

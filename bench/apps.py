@@ -1,3 +1,5 @@
+import os
+
 from django.apps import AppConfig
 
 
@@ -13,3 +15,9 @@ class BenchConfig(AppConfig):
 
         order_expired.connect(recorder.receiver(), dispatch_uid="bench.recorder")
         recorder.dump_at_exit()
+        if os.environ.get("BENCH_CELERY_NOTICES") == "1":
+            # The Celery notices peer (bench/peers/celery_notices.py): the shop's receiver that
+            # publishes a webhook task per close from on_commit, after the recorder's.
+            from .peers.celery_notices_app import on_expired
+
+            order_expired.connect(on_expired, dispatch_uid="bench.celery_notices")

@@ -27,7 +27,12 @@ What is counted:
   ``LATE_MARGIN``: what the crash cost beyond what the burst itself needs (a killed
   batch waiting out its lease, a restart while no one else closes);
 - unrecorded: closed in the database with no record (killed between the commit and
-  the record's write): counted closed, left out of the lateness.
+  the record's write): counted closed, left out of the lateness;
+- for a notices row (``System.delivers_notices``, bench/notices.py), its notices: one
+  expected per order closed, delivered, duplicated, still pending and lost, and their
+  lateness after the commit. Such a row may name more than one closer to kill
+  (``System.crash_victims``: the Celery peer's worker as well as a closer), each in a
+  crash burst of its own.
 """
 
 from __future__ import annotations
@@ -53,8 +58,8 @@ POLL = 0.005
 STALL = 1.0
 
 
-def crash(system: System, sizes: Sizes) -> dict[str, Any]:
-    """Burst, kill closer 0 once a third is closed, restart it, wait, count (module docstring).
+def crash(system: System, sizes: Sizes, victim: int = 0) -> dict[str, Any]:
+    """Burst, kill closer ``victim`` once a third is closed, restart it, wait, count (module docstring).
 
     ``system`` is a fresh instance, not started: its closers are started here with the eager
     records, and stopped at the end."""
@@ -67,8 +72,12 @@ def crash(system: System, sizes: Sizes) -> dict[str, Any]:
     startup, system.startup_seconds = system.startup_seconds, 0.0
     deadline = timezone.now() + timedelta(seconds=max(
         startup, sizes.lead_seconds + sizes.crash * system.enqueue_seconds * 1.5))
+    if system.delivers_notices:
+        system.sink.clear()
     system.start()
     system.startup_seconds = startup
+    closed_pks: set[int] = set()
+    pending = 0
     try:
         orders = make_orders([deadline] * sizes.crash, system.model)
         system.enqueue(orders)
@@ -80,18 +89,30 @@ def crash(system: System, sizes: Sizes) -> dict[str, Any]:
         left = len(orders)
         while time.monotonic() < give_up:
             left = unpaid.count()
-            if not left or (left <= len(orders) * (1 - SHARE) and system.busy()):
+            if not left or (left <= len(orders) * (1 - SHARE) and system.busy(victim)):
                 break
             time.sleep(POLL)
         closed_at_kill = len(orders) - left
         killed_at = time.time()
-        system.restart_one(0)
+        system.restart_one(victim)
         never = _wait(system, unpaid, sizes.crash_cap_seconds)
         waited = time.time() - killed_at
+        if system.delivers_notices:
+            closed_pks = set(system.model.objects.filter(pk__gte=low, pk__lte=high)
+                             .exclude(system.model.unpaid_q()).values_list("pk", flat=True))
+            pending = system.notices_pending()
     finally:
         system.stop()
     commits = [(pk, at) for pk, at in read_commits(system.record_dir) if low <= pk <= high]
-    return {**tally(len(orders), deadline.timestamp(), commits, never, killed_at, closed_at_kill),
+    counted = tally(len(orders), deadline.timestamp(), commits, never, killed_at, closed_at_kill)
+    if system.delivers_notices:
+        from .notices import tally as notices_tally
+
+        first: dict[int, float] = {}
+        for pk, at in commits:
+            first[pk] = min(at, first.get(pk, at))
+        counted["notices"] = notices_tally(closed_pks, first, system.sink.received(), low, high, pending=pending)
+    return {**counted, "victim": victim,
             "waited_after_kill_s": round(waited, 2), "cap_s": sizes.crash_cap_seconds,
             "lease_s": sizes.crash_lease_seconds, "took_s": round(time.monotonic() - began, 1)}
 

@@ -9,6 +9,13 @@ With BENCH_RECORD_EAGER=1 (the crash workload's closers only) each pair is
 written the moment it commits instead, one ``write`` to a file opened with
 O_APPEND, so the records of a process killed with SIGKILL survive it; the
 other workloads keep the cheap records at exit.
+
+With BENCH_RECORD_AT_COMMIT=1 (the notices rows) every order of a transaction
+is recorded at one instant, its COMMIT's, taken by the transaction's first
+``on_commit`` callback: a row whose own receivers register slow callbacks after
+the recorder's (the Celery peer's ``delay()`` per order, bench/peers/celery_notices.py)
+would otherwise record each order when the publishes before it were done, and
+its notices' lateness after the commit would read shorter than it is.
 """
 
 from __future__ import annotations
@@ -41,8 +48,44 @@ def on_expired_eager(sender: Any, order: Any, **kwargs: Any) -> None:
     transaction.on_commit(lambda: append([(pk, time.time())]))
 
 
+class _AtCommit:
+    """The orders of one transaction, recorded together when it commits (BENCH_RECORD_AT_COMMIT)."""
+
+    def __init__(self, hooks: list[Any]) -> None:
+        # The connection's list of on_commit callbacks this transaction fills: Django starts a
+        # new list once they ran (or were thrown away by a rollback), so a new transaction is
+        # told by a new list. Kept referenced, so its identity is never reused.
+        self.hooks = hooks
+        self.pks: list[int] = []
+        self.done = False
+
+    def stamp(self) -> None:
+        self.done = True
+        at = time.time()
+        if eager():
+            append([(pk, at) for pk in self.pks])
+        else:
+            _commits.extend((pk, at) for pk in self.pks)
+
+
+_open: _AtCommit | None = None
+
+
+def on_expired_at_commit(sender: Any, order: Any, **kwargs: Any) -> None:
+    global _open
+    hooks = transaction.get_connection().run_on_commit
+    if _open is None or _open.done or _open.hooks is not hooks:
+        _open = _AtCommit(hooks)
+        _open.pks.append(order.pk)
+        transaction.on_commit(_open.stamp)  # outside a transaction: runs now, with this order
+        return
+    _open.pks.append(order.pk)
+
+
 def receiver() -> Callable[..., None]:
     """The ``order_expired`` receiver this process records with."""
+    if os.environ.get("BENCH_RECORD_AT_COMMIT") == "1":
+        return on_expired_at_commit
     return on_expired_eager if eager() else on_expired
 
 

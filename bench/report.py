@@ -149,6 +149,7 @@ def markdown(data: dict[str, Any]) -> str:
                   for target, measured, met in targets(data)]
     lines += _parts_lines(data)
     lines += _crash_lines(data)
+    lines += _notices_lines(data)
     lines += _scale_lines(data)
     lines += ["", _machine_line(data)]
     return "\n".join(lines) + "\n"
@@ -170,7 +171,7 @@ def _parts_lines(data: dict[str, Any]) -> list[str]:
         return []
     from .parts import FLOOR_PARTS, PROMISES
 
-    rows = [row for row in ("ours", "ours_held", "ours_shop_batch") if row in parts]
+    rows = [row for row in ("ours", "ours_held", "ours_shop_batch", "ours_notices") if row in parts]
     floor = parts.get("floor") or {}
     lines = ["", f"Where the close's time goes: one consumer in the harness's process closes {data['parts_orders']:,} "
                  "due orders; each part's own time (wall, the server's work for a statement included), in "
@@ -217,6 +218,61 @@ def _crash_lines(data: dict[str, Any]) -> list[str]:
             f"| {_num(run['late'])} ({_num(run['late_bound_s'], 2)}) | {_num(run['latest_s'], 2)} "
             f"| {run['killed_after_s']:.2f} s ({run['closed_at_kill']:,}) | {note} |")
     return lines
+
+
+def _notices_lines(data: dict[str, Any]) -> list[str]:
+    """The notices rows (issue 26, bench/notices.py): each workload's notices, and the crashes'."""
+    from .notices import WAIT_CAPS
+    rows = [(name, system) for name, system in data["systems"].items() if system.get("delivers_notices")]
+    if not rows:
+        return []
+    plain = ((data["systems"].get("ours") or {}).get("burst") or {}).get("closes_per_s")
+    lines = ["", "Notices: one webhook per closed order, POSTed to a local HTTP sink (a ThreadingHTTPServer on "
+                 "loopback in the harness, answering 200 at once) that records each request's Idempotency-Key "
+                 "and arrival. Expected: one per order the database shows closed. Lateness: the first arrival "
+                 "of an order's key - the close's COMMIT. Pending: still held by the row when the wait ended (at "
+                 f"most {WAIT_CAPS} times the workload's cap after the closes); lost: neither delivered nor pending. "
+                 "Closes/s: the burst's, as in the main table.", "",
+             "| row | workload | closes/s ÷ the plain row's | notices expected | delivered | lost | duplicates "
+             "| pending at the end | lateness after the commit p50 / p99 / max (ms) | waited after the closes (s) "
+             "| closers' CPU per order, close and notice (ms) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for _name, system in rows:
+        for kind in ("steady", "burst"):
+            run = system.get(kind)
+            notices = (run or {}).get("notices")
+            if not notices:
+                continue
+            late = notices["lateness_ms"]
+            ratio = _ratio(run.get("closes_per_s"), plain) if kind == "burst" else "-"
+            lines.append(
+                f"| {system['label']}{_smaller(system)} | {kind} | {ratio} | {notices['expected']:,} "
+                f"| {notices['delivered']:,} | {_bold(notices['lost'])} | {notices['duplicates']:,} "
+                f"| {notices['pending']:,} | {_num(late['p50'])} / {_num(late['p99'])} / {_num(late['max'])} "
+                f"| {_num(notices.get('waited_s'), 1)} | {_num(notices.get('cpu_ms_per_order'), 3)} |")
+    crashes = [(system, system[result]) for _name, system in rows for result in ("crash", "crash_worker")
+               if (system.get(result) or {}).get("notices")]
+    if crashes:
+        lines += ["", "Notices in the crash workload (as above: a process killed with SIGKILL once a third of the "
+                      "burst is closed, started again at once): notices expected (one per order closed), delivered, "
+                      "lost (neither delivered nor pending when the wait ended), delivered twice or more "
+                      "(duplicates: each with the same key), and their lateness after the close's COMMIT.", "",
+                  "| row | killed | orders closed | notices delivered | lost | duplicates (orders) "
+                  "| pending at the end | lateness after the commit p50 / p99 / max (s) | waited after the kill (s) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for system, run in crashes:
+            notices = run["notices"]
+            late = {part: (value / 1000 if value == value else None) for part, value in notices["lateness_ms"].items()}
+            lines.append(
+                f"| {system['label']} | {run.get('killed', 'a closer')} | {run['closed']:,} of {run['orders']:,} "
+                f"| {notices['delivered']:,} of {notices['expected']:,} | {_bold(notices['lost'])} "
+                f"| {notices['duplicates']:,} ({notices['duplicated_orders']:,}) | {notices['pending']:,} "
+                f"| {_num(late['p50'], 2)} / {_num(late['p99'], 2)} / {_num(late['max'], 2)} "
+                f"| {_num(run.get('waited_after_kill_s'), 1)} |")
+    return lines
+
+
+def _bold(count: int) -> str:
+    return f"**{count:,}**" if count else "0"
 
 
 def _scale_lines(data: dict[str, Any]) -> list[str]:
@@ -308,6 +364,17 @@ def targets(data: dict[str, Any]) -> list[tuple[str, str, bool]]:
     if burst_rate("ours_shop_batch") and rate:
         rows.append(("shop model with batch receivers: >= 0.6x the plain row's burst closes/s (issue 21)",
                      f"{burst_rate('ours_shop_batch') / rate:.2f}x", burst_rate("ours_shop_batch") >= 0.6 * rate))
+    if burst_rate("ours_notices") and rate:
+        rows.append(("close + one notice per order: >= 0.7x the plain row's burst closes/s (issue 26)",
+                     f"{burst_rate('ours_notices') / rate:.2f}x", burst_rate("ours_notices") >= 0.7 * rate))
+    noticed = systems.get("ours_notices") or {}
+    counted: list[tuple[str, dict[str, Any]]] = [
+        (kind, (noticed.get(kind) or {})["notices"]) for kind in ("steady", "burst", "crash")
+        if (noticed.get(kind) or {}).get("notices")]
+    if counted:
+        rows.append(("close + one notice per order: 0 notices lost (" + ", ".join(kind for kind, _ in counted) + ")",
+                     ", ".join(f"{notices['lost']:,}" for _, notices in counted),
+                     not any(notices["lost"] for _, notices in counted)))
     if burst:
         rows.append(("<= 0.05 DB queries per close (burst)", _num(burst["db_queries_per_close"], 3),
                      (burst["db_queries_per_close"] or 99) <= 0.05))
@@ -384,6 +451,26 @@ def verdict(data: dict[str, Any]) -> list[str]:
     failures += [f"{name} crash: {run['twice']} orders closed twice" for name, run in crashes if run["twice"]]
     failures += [f"{name} crash: {run['never']:,} of {run['orders']:,} orders never closed"
                  for name, run in crashes if run["never"]]
+    failures += notices_failures(data)
     failures += [f"cluster burst with {run['shards']} shard(s): {run['closed']:,} of {run['orders']:,} "
                  "orders closed" for run in data.get("cluster") or [] if run["closed"] != run["orders"]]
+    return failures
+
+
+def notices_failures(data: dict[str, Any]) -> list[str]:
+    """One of our notices rows losing a notice, or still holding one undelivered when its wait ended
+    (an undrained workload), in any workload, the crash's included: its promise is at least once."""
+    failures = []
+    for name, system in data["systems"].items():
+        if not (name.startswith("ours") and system.get("delivers_notices")):
+            continue
+        for kind in ("steady", "burst", "crash"):
+            notices = (system.get(kind) or {}).get("notices") or {}
+            if notices.get("lost"):
+                failures.append(f"{name} {kind}: {notices['lost']:,} of {notices['expected']:,} notices lost")
+            if notices.get("pending"):
+                failures.append(f"{name} {kind}: {notices['pending']:,} of {notices['expected']:,} notices still "
+                                "undelivered when the wait ended")
+            if notices.get("unasked"):
+                failures.append(f"{name} {kind}: {notices['unasked']:,} notices of orders not closed")
     return failures

@@ -65,11 +65,11 @@ def reset() -> None:
     """Empty the orders tables (and every table keyed by an order: TRUNCATE reuses the ids, and
     a payment or a sent reminder left over would hold or silence a new order with its id), the
     queue's Redis database and Celery's broker database."""
-    from order_timeout.models import DeadLetter, Reminder
+    from order_timeout.models import DeadLetter, Notice, Reminder
     from testproject.shop.models import OrderPayment, OrderStatusChange, ReminderEmail, ShopOrder
 
     tables = [model._meta.db_table for model in (Order, ShopOrder, OrderStatusChange, OrderPayment,
-                                                 Reminder, ReminderEmail, DeadLetter)]
+                                                 Reminder, ReminderEmail, DeadLetter, Notice)]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(f"TRUNCATE TABLE {', '.join(tables)} CASCADE")
@@ -135,6 +135,13 @@ class Phase:
     held: set[int] = field(default_factory=set)
     # CPU seconds (user + system) the closers' processes spent while it ran.
     cpu_s: float | None = None
+    # The notices rows (bench/notices.py): the orders closed, what reached the sink, what the row
+    # still held when the wait for them ended, that wait, and the closers' CPU through it.
+    closed_pks: set[int] | None = None
+    received: list[tuple[str, float]] = field(default_factory=list)
+    notices_pending: int = 0
+    notices_waited_s: float = 0.0
+    cpu_through_notices_s: float | None = None
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -186,6 +193,8 @@ def timed(system: System, kind: str, offsets: list[float], sizes: Sizes) -> Phas
     """Create orders due at start + offset, let the system close them, count what it cost."""
     start = timezone.now() + timedelta(
         seconds=sizes.lead_seconds + len(offsets) * system.enqueue_seconds * 1.5)
+    if system.delivers_notices:
+        system.sink.clear()
     began = time.monotonic()
     orders = make_orders([start + timedelta(seconds=offset) for offset in offsets], system.model)
     held = system.hold(orders) if kind == "burst" else set()
@@ -221,6 +230,8 @@ def timed(system: System, kind: str, offsets: list[float], sizes: Sizes) -> Phas
     counters.own_queries += polls
     phase.cpu_s = cpu_seconds(system.pids()) - cpu_before
     phase.db_queries, phase.redis_commands = counters.stop()
+    if system.delivers_notices:
+        _await_notices(system, phase, unpaid.model, sizes, cpu_before)
     phase.waited_s = (timezone.now() - start).total_seconds()
     names = script_names()
     scripts = [(entry["start_time"], entry["duration"],
@@ -231,6 +242,23 @@ def timed(system: System, kind: str, offsets: list[float], sizes: Sizes) -> Phas
     phase.slow_scripts = sorted(scripts, key=lambda entry: -entry[1])[:10]
     client.config_set("slowlog-max-len", 128)
     return phase
+
+
+def _await_notices(system: System, phase: Phase, model: Any, sizes: Sizes, cpu_before: float) -> None:
+    """After the closes (their counters stopped): wait for their notices, at most ``cap_seconds``
+    more, and keep what reached the sink (bench/notices.py)."""
+    from . import notices
+
+    low, high = phase.pk_range
+    closed = model.objects.filter(pk__gte=low, pk__lte=high).exclude(model.unpaid_q()).exclude(pk__in=phase.held)
+    phase.notices_waited_s = notices.await_deliveries(system.sink, set(closed.values_list("pk", flat=True)), low,
+                                                      high, system.notices_pending,
+                                                      notices.WAIT_CAPS * sizes.cap_seconds)
+    phase.cpu_through_notices_s = cpu_seconds(system.pids()) - cpu_before
+    phase.notices_pending = system.notices_pending()
+    phase.received = system.sink.received()
+    # Read again: a row whose closes outlasted their wait closed more orders during this one.
+    phase.closed_pks = set(closed.values_list("pk", flat=True))
 
 
 def script_names() -> dict[str, str]:
@@ -262,6 +290,7 @@ def results(phase: Phase, system: System) -> dict[str, Any]:
             commits.setdefault(pk, []).append(at)
     closed = len(commits)
     first_commits = [min(times) for times in commits.values()]
+    notices = _notices(phase, commits, closed)
     lateness_ms = [(min(times) - phase.expires[pk].timestamp()) * 1000 for pk, times in commits.items()]
     # From the deadline, not the first commit, so the first batch counts too.
     span = (max(first_commits) - phase.start.timestamp()) if closed else 0.0
@@ -289,7 +318,21 @@ def results(phase: Phase, system: System) -> dict[str, Any]:
         "production_s": phase.production_s,
         "production_overran_s": phase.production_overran_s,
         "watched_s": phase.waited_s,
+        **({"notices": notices} if notices else {}),
     }
+
+
+def _notices(phase: Phase, commits: dict[int, list[float]], closed: int) -> dict[str, Any] | None:
+    """The notices of a notices row's workload (bench/notices.py), its wait and CPU included."""
+    if phase.closed_pks is None:
+        return None
+    from . import notices
+
+    counted = notices.tally(phase.closed_pks, {pk: min(times) for pk, times in commits.items()}, phase.received,
+                            *phase.pk_range, pending=phase.notices_pending)
+    cpu = phase.cpu_through_notices_s
+    return {**counted, "waited_s": round(phase.notices_waited_s, 2),
+            "cpu_ms_per_order": 1000 * cpu / closed if closed and cpu is not None else None}
 
 
 def _outliers(commits: dict[int, list[float]], phase: Phase, count: int = 10) -> list[dict[str, Any]]:
