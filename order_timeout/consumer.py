@@ -227,7 +227,7 @@ class Consumer:
         claim = self.lanes.shards[lane].claim(due_ms, self._limit_of_lane[lane], now_score(now) + self.lease_ms,
                                               next(self._claims), due_first=self._took_over)
         self._took_over = claim.takeovers > 0
-        self.rota.claimed(lane, claim)
+        self.rota.claimed(lane, claim, full=len(claim.members) >= self._limit_of_lane[lane])
         return claim
 
     def kind_of(self, claim: Claim) -> tuple[Timer, TimeoutQueue]:

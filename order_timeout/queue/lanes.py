@@ -57,17 +57,19 @@ class Lanes:
         return result
 
 
-# Seconds a yielding lane's due members wait at most while other lanes have due members.
+# Seconds a yielding lane's due members wait at most while other lanes have a backlog.
 YIELD_SECONDS = 1.0
 
 
 class ShardRota:
     """Which lane to claim next: the next one due, going round.
 
-    ``yielding`` lanes (a kind that says ``yields``: the notices) are claimed
-    when no other lane is due, or once they have been passed over for
-    ``YIELD_SECONDS`` while due: a burst of closes goes first, and the work
-    it starts follows within a second, never starved.
+    ``yielding`` lanes (a kind that says ``yields``: the notices) step aside
+    for a backlog: while another lane is due and its last claim came back
+    full (a burst), they are claimed only once passed over for
+    ``YIELD_SECONDS``. A burst of closes goes first, and the work it starts
+    follows within a second, never starved; a trickle (a steady stream, a
+    takeover's one member) takes turns with them as any lanes do.
     """
 
     def __init__(self, shards: int, start: int | None = None, *, yielding: Collection[int] = (),
@@ -81,6 +83,8 @@ class ShardRota:
         self._clock = clock
         # Since when each yielding lane has been passed over while due (absent: it is not waiting).
         self._waiting_since: dict[int, float] = {}
+        # The lanes whose last claim came back full: a backlog, which the yielding lanes let pass.
+        self._backlog: set[int] = set()
 
     def next_due(self, due_ms: int) -> int | None:
         """The next shard, going round, with something due by ``due_ms``; None if none has."""
@@ -89,23 +93,36 @@ class ShardRota:
             due = [index for index in due if (score := self._next[index]) is not None and score <= due_ms]
             if not due:
                 return None
-            now = self._clock()
-            waited_enough = [index for index in due if index in self._yielding
-                             and now - self._waiting_since.setdefault(index, now) >= YIELD_SECONDS]
-            others = [index for index in due if index not in self._yielding]
-            index = (waited_enough or others or due)[0]
-            self._waiting_since.pop(index, None)
+            index = self._pick(due)
             self._cursor = (index + 1) % self.count
             return index
+
+    def _pick(self, due: list[int]) -> int:
+        """Of the due lanes (in turn order), the one to claim (class docstring)."""
+        others = [index for index in due if index not in self._yielding]
+        if not self._yielding or not any(index in self._backlog for index in others):
+            self._waiting_since.clear()
+            return due[0]
+        now = self._clock()
+        for index in due:
+            if index in self._yielding and now - self._waiting_since.setdefault(index, now) >= YIELD_SECONDS:
+                del self._waiting_since[index]
+                return index
+        return others[0]
 
     def has_due(self, due_ms: int) -> bool:
         with self._lock:
             return any(score is not None and score <= due_ms for score in self._next)
 
-    def claimed(self, lane: int, claim: Claim) -> None:
+    def claimed(self, lane: int, claim: Claim, full: bool = False) -> None:
+        """``claim`` came from ``lane``; ``full``: it took as many members as it could."""
         with self._lock:
             # After a claim that took members, more may be due at once.
             self._next[lane] = UNKNOWN if claim.members else claim.next_score
+            if full:
+                self._backlog.add(lane)
+            else:
+                self._backlog.discard(lane)
 
     def woke(self, shard: int) -> None:
         """A new earliest deadline was scheduled on ``shard``."""

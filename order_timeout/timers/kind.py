@@ -120,8 +120,9 @@ class Timer:
     # the outside world takes no more than it acts on at once.
     claim_limit: ClassVar[int | None] = None
     # A kind whose work follows the others' commits (the notices: a close's e-mail) says so: its
-    # due members wait while another kind's are due, for ``lanes.YIELD_SECONDS`` at most, so a
-    # burst of closes is not slowed by the deliveries it starts, and they still never starve.
+    # due members step aside for another kind's backlog (a burst: claims that come back full),
+    # for ``lanes.YIELD_SECONDS`` at most, so a burst of closes is not slowed by the deliveries it
+    # starts, and they still never starve; with a trickle they take turns as any kinds do.
     yields: ClassVar[bool] = False
     # A kind's own words for the lifecycle's outcomes, in log lines and reports.
     labels: ClassVar[Mapping[str, str]] = {}

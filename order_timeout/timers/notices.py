@@ -55,8 +55,8 @@ class Notices(Timer):
     pending = Q(state=Notice.State.PENDING)
     acts_outside_transaction: ClassVar[bool] = True
     claim_limit: ClassVar[int | None] = DELIVERIES_AT_ONCE
-    # A notice tells of a commit that already happened; the closes due with it go first (each
-    # delivery costs a consumer far more than a close), and it waits a second behind them at most.
+    # A notice tells of a commit that already happened; a burst of closes goes first (a delivery
+    # costs a consumer far more than a close), and a notice waits a second behind it at most.
     yields: ClassVar[bool] = True
     log_extra = "notices"
     labels = {"acted": "delivered", "settled": "done", "given_up": "dead_lettered"}
