@@ -127,6 +127,17 @@ def lose_redis_data(queue: Any) -> None:
         queue.client.flushdb()
 
 
+def cut_off_subscribers(queue: Any) -> None:
+    """Every Redis node of the queue drops its pub/sub connections (a restart, a proxy's idle timeout)."""
+    from redis.cluster import RedisCluster
+
+    if isinstance(queue.client, RedisCluster):
+        for node in queue.client.get_nodes():
+            node.redis_connection.client_kill_filter(_type="pubsub")
+    else:
+        queue.client.client_kill_filter(_type="pubsub")
+
+
 # -- the few statements that differ between MariaDB and PostgreSQL ---------------------------
 
 

@@ -22,6 +22,7 @@ from order_timeout.consumer import Consumer
 from order_timeout.exceptions import OrderClosed
 from order_timeout.models import Order
 from order_timeout.queue import TimeoutQueue
+from order_timeout.queue.wakeups import WakeListener
 from order_timeout.scheduling import order_kinds
 from order_timeout.signals import orders_expired
 from order_timeout.timers.members import deadline_score, now_score
@@ -33,6 +34,7 @@ from .helpers import (
     Traffic,
     claim_everywhere,
     claim_next,
+    cut_off_subscribers,
     end_own_session,
     expiries,
     leased_members,
@@ -606,6 +608,25 @@ def test_a_new_earlier_deadline_wakes_a_sleeping_consumer(make_order):
         wait_for(lambda: worker._listener is not None and worker._listener.subscribed)
         order = make_order(in_seconds=0.2)
         wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed")
+
+
+@both_redis
+def test_a_wake_up_subscription_that_comes_back_looks_at_every_lane_at_once(queue):
+    """Seen in CI's Redis Cluster failover test: a deadline published while a consumer's
+    subscription was down (a restart, a failover, a proxy's idle timeout) reached nobody, and that
+    consumer slept on to MAX_WAIT. Each channel confirmed, first or again (the listener's rebuild,
+    or redis-py's own reconnect), wakes its lane, as a message would have."""
+    woken: set[int] = set()
+    listener = WakeListener(queue, woken.add)
+    try:
+        wait_for(lambda: listener.subscribed and woken == set(range(len(queue.shards))))
+        woken.clear()
+
+        cut_off_subscribers(queue)
+
+        wait_for(lambda: woken == set(range(len(queue.shards))))
+    finally:
+        listener.close()
 
 
 @pytest.mark.parametrize("window, batches", [(0.15, [1]), (0.0, [2, 3])], ids=["window", "no-window"])

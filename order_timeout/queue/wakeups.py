@@ -7,7 +7,9 @@ pub/sub before. The thread asks the server's version the way the script does
 (``lua/version.lua``), not with INFO, which ACL rules such as
 ``-@dangerous`` refuse. When the subscription breaks (a failover, a
 restart), the thread builds it again, against whatever node holds the slots
-now; until it is back, the consumer still wakes every ``MAX_WAIT``. When the
+now; until it is back, the consumer still wakes every ``MAX_WAIT``. Each
+channel the server confirms, first or again, wakes its lane at once: what was
+published while it was down reached nobody. When the
 user may not subscribe at all (a refused command or channel), the thread
 says so once and ends: retrying cannot help, and the consumer polls every
 ``MAX_WAIT``.
@@ -95,6 +97,11 @@ class WakeListener:
         channel = channel.decode() if isinstance(channel, bytes) else channel
         if message.get("type") in ("subscribe", "ssubscribe"):
             self._confirmed.add(channel)
+            # A deadline published while this channel was not subscribed reached nobody
+            # (a first start, a failover, a restart, redis-py's own reconnect): look at
+            # the lane now, as its message would have made us.
+            if channel in self._channels:
+                self.on_wake(self._channels[channel])
         elif message.get("type") in ("message", "smessage") and channel in self._channels:
             self.on_wake(self._channels[channel])
 
