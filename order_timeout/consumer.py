@@ -314,6 +314,10 @@ class Consumer:
         # --once means "what is due now": a fixed cutoff, so a steady stream
         # of new deadlines cannot keep it running.
         due_by = self.clock() if once else None
+        if not once and self._listener is None:
+            # From the start, not at the first sleep: a consumer that starts into a backlog
+            # hears of new work on a lane it found empty (a notice its closes wrote).
+            self._listener = WakeListener(self.lanes, self._woken)
         while not self.stopping:
             try:
                 claim = self.run_once(due_by)
@@ -358,8 +362,6 @@ class Consumer:
 
     def _sleep(self, seconds: float) -> None:
         """Sleep until ``seconds`` pass, a new earliest deadline is scheduled, or a stop."""
-        if self._listener is None:
-            self._listener = WakeListener(self.lanes, self._woken)
         self._wake.wait(seconds)
         if not self.stopping:
             self._wake.clear()

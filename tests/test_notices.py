@@ -315,6 +315,9 @@ def test_a_burst_of_closes_goes_before_the_notices_it_writes(recorder, make_orde
 
     kinds = []
     for _ in range(10):
+        # What a running consumer's wake-ups tell it (each notice's schedule publishes one),
+        # read here before each claim: in a loop of run_once() nobody listens.
+        worker.rota.refreshed(worker.lanes.next_scores())
         claim = worker.run_once()
         if claim.members:
             kinds.append(worker.kind_of(claim)[0].name)
@@ -322,6 +325,40 @@ def test_a_burst_of_closes_goes_before_the_notices_it_writes(recorder, make_orde
     # Three batches of closes, then their notices (the test shop's own e-mails among them).
     assert kinds[:3] == [ORDER_TIMEOUT.name] * 3 and set(kinds[3:]) == {NOTICES.name}
     assert sorted(recorder.keys) == sorted(f"order-expired:{order.pk}" for order in orders)
+
+
+def test_a_consumer_deep_in_a_backlog_hears_a_new_notice_within_its_yield(recorder, make_order, receiver,
+                                                                            monkeypatch):
+    """Found with the burst test above: a consumer made its wake-up listener only as it first went
+    to sleep, so one that started into a backlog, having found the notices' lane empty, heard of a
+    new notice only when the whole backlog was closed. It listens from its start now, and a notice
+    waits behind the closes for YIELD_SECONDS at most."""
+    from order_timeout.consumer import Consumer
+    from order_timeout.timers.registry import ORDER_TIMEOUT
+
+    from .conftest import running, wait_for
+
+    # The one notice of the test (the test shop's e-mail for each close would queue before it).
+    monkeypatch.setenv("SHOP_EMAIL_NOTICES", "0")
+
+    @receiver
+    def slow_shop(sender, order, **kwargs):
+        time.sleep(0.03)
+
+    orders = [make_order(in_seconds=-1) for _ in range(200)]
+    worker = Consumer(kinds=[ORDER_TIMEOUT, NOTICES], batch_size=1, follow_database_clock=False)
+    with running(worker):
+        # Past a second of closes: the notices' lane had its turn, and was found empty.
+        wait_for(lambda: worker.stats.closed >= 40)
+        with transaction.atomic():
+            notify("test-recorder", {"n": 1}, key="mid-backlog")
+
+        wait_for(lambda: recorder.keys == ["mid-backlog"])
+        model = type(orders[0])
+        still_open = model.objects.filter(model.unpaid_q(), pk__in=[order.pk for order in orders]).count()
+
+    # Delivered while the backlog was still being closed, not after it.
+    assert 0 < still_open
 
 
 def test_notify_many_reads_the_keys_back_where_the_database_returns_none(recorder, make_order, monkeypatch):
