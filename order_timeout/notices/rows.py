@@ -12,6 +12,7 @@ constant columns written once as SQL and each datetime adapted once.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from datetime import datetime
@@ -89,8 +90,8 @@ def insert_notices(using: str, handler: str, due: datetime, stored: Sequence[Sto
     # A row with a payload, and a row about an object (its payload the empty object, as SQL).
     with_payload = _row_sql({"payload": payload}, constants)
     about_object = _row_sql({"payload": "'{}'"}, constants)
-    columns = ", ".join(connection.ops.quote_name(opts.get_field(name).column)
-                        for name in (*PARAMETERS, *SHARED, *CONSTANTS))
+    column_of = {field.name: str(field.column) for field in opts.concrete_fields}
+    columns = ", ".join(connection.ops.quote_name(column_of[name]) for name in (*PARAMETERS, *SHARED, *CONSTANTS))
     fields = [opts.get_field(name) for name in (*PARAMETERS, *SHARED)]
     size = max(1, connection.ops.bulk_batch_size(fields, stored) or len(stored))
     returning = connection.features.can_return_rows_from_bulk_insert
@@ -109,7 +110,7 @@ def insert_notices(using: str, handler: str, due: datetime, stored: Sequence[Sto
                     rows.append(with_payload)
             sql = f"INSERT INTO {connection.ops.quote_name(opts.db_table)} ({columns}) VALUES " + ", ".join(rows)
             if returning:
-                sql += " RETURNING " + connection.ops.quote_name(opts.pk.column)
+                sql += " RETURNING " + connection.ops.quote_name(str(opts.pk.column))
             cursor.execute(sql, params)
             if returning:
                 keys += [row[0] for row in cursor.fetchall()]
@@ -134,10 +135,18 @@ def _row_sql(placeholders: dict[str, str], constants: list[str]) -> str:
     return "(" + ", ".join([*(placeholders.get(name, "%s") for name in PARAMETERS), *constants]) + ")"
 
 
+@functools.cache
+def _attnames() -> tuple[str, ...]:
+    """The notice's fields in the order of its columns, as ``from_db`` is told them."""
+    from ..models import Notice
+
+    return tuple(field.attname for field in Notice._meta.concrete_fields)
+
+
 def _row(using: str, pk: Any, handler: str, stored: Stored, due: datetime, created: datetime) -> Any:
     """The written notice as an instance, built positionally (as a query's rows are: from_db)."""
     from ..models import Notice
 
     key, _text, value, object_model, object_id = stored
-    return Notice.from_db(using, None, (pk, handler, key, value, object_model, object_id, due,
+    return Notice.from_db(using, _attnames(), (pk, handler, key, value, object_model, object_id, due,
                                         Notice.State.PENDING.value, 0, created, None, "", ""))
