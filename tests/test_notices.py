@@ -29,7 +29,7 @@ from order_timeout.timers import staff
 from order_timeout.timers.members import now_score
 from order_timeout.timers.registry import NOTICES
 
-from .helpers import score_of
+from .helpers import leased_members, score_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -229,6 +229,39 @@ def test_a_notice_redis_lost_is_delivered_by_the_scan(recorder, settings, notice
     assert recorder.keys == [notice.key] and result.timers[NOTICES.name].closed == 1
     notice.refresh_from_db()
     assert notice.state == Notice.State.DELIVERED
+
+
+def test_the_scan_leaves_a_notice_a_consumer_claimed_while_the_scan_was_delivering(recorder, settings,
+                                                                                   notice_queue):
+    """Found by the fault run notices-slow-target: the scan looked at where a chunk's notices were in
+    Redis once, then delivered them a claim's worth at a time; a slow target gave the consumers time
+    to claim the later ones (back in Redis), and both delivered them. The scan takes each batch
+    before it delivers it, and leaves what a consumer has in hand."""
+    from order_timeout.timers.notices import DELIVERIES_AT_ONCE
+
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "COMPENSATION_GRACE": 0}
+    notices = notify_many("test-recorder", [{"n": n} for n in range(DELIVERIES_AT_ONCE + 5)])
+    # Redis lost them, and has them back (the scan's own heal, a requeue): pending, long due.
+    notice_queue.delete_all_keys()
+    notice_queue.schedule({NOTICES.member(notice.pk): now_score(timezone.now()) - 60_000 for notice in notices})
+    consumer_claimed: list[str] = []
+    deliver = recorder.__call__
+
+    def a_consumer_claims_the_rest_meanwhile(delivery):
+        if not consumer_claimed:
+            claim = notice_queue.shards[0].claim(now_score(timezone.now()), 100,
+                                                 now_score(timezone.now()) + 30_000, "a-consumer:0")
+            consumer_claimed.extend(claim.members)
+        deliver(delivery)
+
+    handlers.forget("test-recorder")
+    handlers.declare("test-recorder", a_consumer_claims_the_rest_meanwhile, timeout=5)
+
+    compensate()
+
+    assert len(consumer_claimed) == 5
+    assert len(recorder.keys) == DELIVERIES_AT_ONCE  # the consumer's five are its own to deliver
+    assert sorted(leased_members(notice_queue)) == sorted(consumer_claimed)
 
 
 def test_a_dead_lettered_notice_is_requeued_or_dropped_by_staff(recorder, delivering, settings, admin_user):

@@ -269,9 +269,34 @@ class CompensationScan:
         for start in range(0, len(items), size):
             if start and not self._renew(self._token or "", needs_redis=False):
                 return
-            self._act_batch(kind, dict(items[start:start + size]), figures)
+            batch = dict(items[start:start + size])
+            if kind.claim_limit:
+                # Where the chunk's members were was read before its first batch; a slow batch
+                # gives the consumers time to claim the later ones (put back by a heal, a
+                # requeue): take each batch as it comes, and leave them what they hold.
+                batch = self._take(kind, batch, figures)
+            self._act_batch(kind, batch, figures, taken=bool(kind.claim_limit) and self.result.locked)
 
-    def _act_batch(self, kind: Timer, members: dict[str, Any], figures: ScanResult) -> None:
+    def _take(self, kind: Timer, members: dict[str, Any], figures: ScanResult) -> dict[str, Any]:
+        """Lease ``members`` to this scan, but those a consumer holds; the taken."""
+        if not members or not self.result.locked or self._token is None:
+            return members
+        # Leased from now, not from the scan's start: a long scan's later batches need their whole lease.
+        now_ms = now_score(timezone.now())
+        try:
+            taken = set(self.queue_of(kind).take(self._token, list(members), now_ms, now_ms + self.lease_ms))
+        except QueueUnavailable as error:
+            logger.warning("compensation scan lost Redis (%s); acting on what the database says is "
+                           "overdue", error)
+            self.result.locked = False
+            return members
+        figures.left_to_consumers += len(members) - len(taken)
+        return {member: pk for member, pk in members.items() if member in taken}
+
+    def _act_batch(self, kind: Timer, members: dict[str, Any], figures: ScanResult, *,
+                   taken: bool = False) -> None:
+        """``taken``: the members are leased to this scan (``_take``); what it does not settle here
+        goes back to the consumers, due now (they judge it again under the row lock)."""
         if not members:
             return
         queue = self.queue_of(kind)
@@ -289,8 +314,25 @@ class CompensationScan:
         figures.failed += len(outcome.failed)
         self._retry_or_give_up(kind, queue, outcome.failed, figures)
         self._forget(kind, [*outcome.acted, *outcome.settled])
+        if taken:
+            self._hand_back(kind, queue, [*outcome.held, *outcome.kept, *outcome.busy], outcome.not_due)
         resolve_settled(kind, outcome.acted, outcome.settled, self.now)
         self._bookkeep(queue, "done_scanning", members)
+
+    def _hand_back(self, kind: Timer, queue: TimeoutQueue, look_again: list[Any],
+                   not_due: dict[Any, datetime]) -> None:
+        """Members this scan took and did not settle, back to pending for the consumers: those to look
+        at again (held, kept, busy) due now, those not due yet at their time."""
+        if not (look_again or not_due) or self._token is None:
+            return
+        now_ms = now_score(self.now)
+        deadlines = {**{kind.member(pk): now_ms for pk in look_again},
+                     **{kind.member(pk): now_score(at) for pk, at in not_due.items()}}
+        try:
+            queue.reschedule(self._token, deadlines)
+        except QueueUnavailable as error:
+            logger.warning("compensation scan could not hand members back (%s); their leases run out "
+                           "and the consumers take them over", error)
 
     def _retry_or_give_up(self, kind: Timer, queue: TimeoutQueue, failed: dict[Any, BaseException],
                           figures: ScanResult) -> None:
