@@ -78,6 +78,21 @@ def check_grace(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMess
 
 
 @checks.register(checks.Tags.compatibility, TAG)
+def check_heartbeat(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A heartbeat that outlasts the lease tells nothing the lease does not."""
+    if settings.HEARTBEAT_SECONDS < settings.LEASE_SECONDS:
+        return []
+    return [checks.Warning(
+        f"ORDER_TIMEOUT['HEARTBEAT_SECONDS'] is {settings.HEARTBEAT_SECONDS:g}s, not shorter than "
+        f"LEASE_SECONDS ({settings.LEASE_SECONDS:g}s): a dead consumer's batch waits out its lease "
+        "before anyone takes it over, as if there were no heartbeat.",
+        hint="Keep HEARTBEAT_SECONDS a few seconds (the default is 1.5) and LEASE_SECONDS the "
+             "longest a batch may run.",
+        id="order_timeout.W013",
+    )]
+
+
+@checks.register(checks.Tags.compatibility, TAG)
 def check_use_tz(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     if not django_settings.USE_TZ:
         return [checks.Error(

@@ -40,6 +40,12 @@ DEFAULTS: dict[str, Any] = {
     # transaction cannot hold row locks much longer (the consumer's database
     # session times out, and a batch still running then is given up).
     "LEASE_SECONDS": 30,
+    # Seconds a running consumer is presumed alive after its last heartbeat (it beats every
+    # third of this). Once they pass, its batches are handed to the next claims at once: a
+    # SIGKILLed or frozen consumer costs about this much, not LEASE_SECONDS. Longer than any
+    # pause a live process makes (a GC, a busy CPU): a live consumer taken for dead loses its
+    # batch's work to the row re-check, never a close.
+    "HEARTBEAT_SECONDS": 1.5,
     # A member taken over from a dead consumer this many times is tried again
     # each time (alone); at the next takeover it becomes a dead letter.
     "MAX_TAKEOVERS": 3,
@@ -309,6 +315,7 @@ VALIDATORS: dict[str, Callable[[str, Any], None]] = {
     "DEFAULT_TIMEOUT": _positive_number,
     "BATCH_SIZE": _batch_size,
     "LEASE_SECONDS": _positive_number,
+    "HEARTBEAT_SECONDS": _positive_number,
     "MAX_TAKEOVERS": _positive_int,
     "SCHEDULE_TIMEOUT": _positive_number,
     "MAX_WAIT": _positive_number,

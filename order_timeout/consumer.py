@@ -23,6 +23,7 @@ from datetime import datetime, timedelta
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, Error as DatabaseError, close_old_connections, router
+from django.utils import timezone
 
 from .checks import close_field_messages
 from .conf import MAX_BATCH_SIZE, settings
@@ -35,6 +36,7 @@ from .queue.lanes import ShardRota
 from .queue.wakeups import WakeListener
 from .reporting.metrics import ConsumerMetrics
 from .timers.clock import DatabaseClock
+from .timers.heartbeats import Heartbeat
 from .timers.kind import Timer
 from .timers.leases import LeaseGuard, WatchedBatch
 from .timers.lifecycle import Lifecycle
@@ -136,6 +138,7 @@ class Consumer:
         max_wait: float | None = None,
         batch_window: float | None = None,
         lease_seconds: float | None = None,
+        heartbeat_seconds: float | None = None,
         now: Callable[[], datetime] | None = None,
         follow_database_clock: bool = True,
         metrics: ConsumerMetrics | None = None,
@@ -163,6 +166,8 @@ class Consumer:
         self.batch_window = batch_window if batch_window is not None else settings.BATCH_WINDOW
         self.lease_seconds = lease_seconds if lease_seconds is not None else settings.LEASE_SECONDS
         self.lease_ms = round(1000 * self.lease_seconds)
+        self.heartbeat_seconds = (heartbeat_seconds if heartbeat_seconds is not None
+                                  else settings.HEARTBEAT_SECONDS)
         self.exit_when_stuck = exit_when_stuck
         self.stats = ConsumerStats()
         # Counted only where someone reads them (run_timeout_consumer --metrics-port).
@@ -186,7 +191,9 @@ class Consumer:
                                for kind in self._kind_of_lane]
         self.rota = ShardRota(len(self.lanes.shards),
                               yielding={lane for lane, kind in enumerate(self._kind_of_lane) if kind.yields})
-        self._claims = (f"{uuid.uuid4().hex[:12]}:{n}" for n in itertools.count())
+        # This consumer's id: the first part of its claim tokens, and what its heartbeat names.
+        self.consumer_id = uuid.uuid4().hex[:12]
+        self._claims = (f"{self.consumer_id}:{n}" for n in itertools.count())
         self._stop = threading.Event()
         # Set to end a sleep early: by a stop, or by a new earliest deadline.
         self._wake = threading.Event()
@@ -286,6 +293,8 @@ class Consumer:
         Redis and database errors are logged and retried with backoff; in
         ``once`` mode they are raised, since the caller wants a verdict.
         """
+        heartbeat = Heartbeat(self.lanes, self.consumer_id, self.heartbeat_seconds, self._wall_ms,
+                              on_handed=self._woken)
         guard = self.watch.guard = LeaseGuard(self.queue, self.lease_seconds, lambda: now_score(self.clock()),
                                               on_stuck=self._exit_stuck if self.exit_when_stuck else None)
         try:
@@ -296,13 +305,23 @@ class Consumer:
                     if once:
                         raise
                     logger.warning("Could not read the database's clock yet (%s); going on.", exc)
+            if not once:
+                # Not for --once: what is due now, then gone; a killed one's batch waits its lease.
+                heartbeat.start()
             return self._run(once=once)
         finally:
+            if heartbeat.thread.is_alive():
+                heartbeat.close()
             guard.close()
             self.watch.guard = None
             if self._listener is not None:
                 self._listener.close()
                 self._listener = None
+
+    def _wall_ms(self) -> int:
+        """This host's time corrected to the database's, never a test's stepped clock: the time every
+        consumer's heartbeat is judged by (timers/heartbeats.py)."""
+        return now_score(timezone.now() + self.clock.offset)
 
     @staticmethod
     def _exit_stuck(batch: WatchedBatch) -> None:

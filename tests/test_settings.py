@@ -18,6 +18,7 @@ from order_timeout import get_order_model
 from order_timeout.checks import (
     check_dedicated_alias,
     check_grace,
+    check_heartbeat,
     check_redis_alias,
     check_redis_server,
     check_use_tz,
@@ -158,6 +159,19 @@ def test_check_warns_when_the_scans_grace_is_shorter_than_a_lease_and_the_retrie
 
     assert [m.id for m in messages] == ["order_timeout.W004"]
     assert "130" in messages[0].hint
+
+
+def test_check_warns_when_the_heartbeat_outlasts_the_lease(settings):
+    settings.ORDER_TIMEOUT = {"LEASE_SECONDS": 5, "HEARTBEAT_SECONDS": 5}
+
+    messages = check_heartbeat()
+
+    assert [m.id for m in messages] == ["order_timeout.W013"]
+    assert "HEARTBEAT_SECONDS" in messages[0].msg
+
+
+def test_the_default_heartbeat_is_shorter_than_the_default_lease():
+    assert check_heartbeat() == []
 
 
 def test_the_default_grace_covers_the_default_lease_and_retries():

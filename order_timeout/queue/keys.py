@@ -95,6 +95,11 @@ class QueueKeys:
         return self._key("quarantine")
 
     @property
+    def consumers(self) -> str:
+        """Sorted set: member = a running consumer's id, score = when its heartbeat runs out (ms)."""
+        return self._key("consumers")
+
+    @property
     def wake(self) -> str:
         """(Sharded) pub/sub channel: a new earliest deadline (ms) of this shard, for consumers."""
         return self._key("wake")

@@ -326,6 +326,14 @@ class Shard:
                 ))
         return moved
 
+    def heartbeat(self, consumer: str, now_ms: int, until_ms: int | None) -> int:
+        """``consumer`` is alive until ``until_ms`` (None: it leaves); hand the leases of every
+        consumer whose heartbeat ran out to the next claims. Returns how many were handed over."""
+        keys = self.keys
+        with redis_errors("beat"):
+            return int(self.scripts["heartbeat"](keys=[keys.consumers, keys.leased, keys.owners],
+                                                 args=[now_ms, consumer, "" if until_ms is None else until_ms]))
+
     def renew(self, token: str, members: Sequence[str], until_ms: int) -> int:
         moved = 0
         with redis_errors("renew leases"):

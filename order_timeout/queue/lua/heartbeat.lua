@@ -1,0 +1,45 @@
+--[[
+  A consumer's heartbeat on one shard, and the hand-over of the leases of the consumers whose
+  heartbeat stopped (killed, frozen, cut off): liveness apart from the lease.
+
+  KEYS[1] consumers  sorted set: member = consumer id, score = when its heartbeat runs out (ms)
+  KEYS[2] leased     sorted set: member = order id, score = lease expiry (ms)
+  KEYS[3] owners     hash: member = order id, value = token of the claim holding its lease
+  ARGV[1] now        (ms)
+  ARGV[2] consumer   this consumer's id: the part of its claim tokens before the first ':'
+  ARGV[3] until      (ms) when this heartbeat runs out; "" when the consumer leaves
+
+  A consumer whose heartbeat ran out is dead: every lease one of its claims holds runs out now
+  (ZADD LT: a lease that ran out already keeps its earlier score), so the next claims take its
+  members over, whatever LEASE_SECONDS said. Only a consumer that once beat can be found dead: a
+  token of the compensation scan, or of a consumer of an older release, never is.
+
+  Returns the number of leases handed over.
+]]
+local rcall = redis.call
+local consumers, leased, owners = KEYS[1], KEYS[2], KEYS[3]
+local now, me, beat_until = ARGV[1], ARGV[2], ARGV[3]
+
+if beat_until == '' then
+  rcall('ZREM', consumers, me)
+else
+  rcall('ZADD', consumers, beat_until, me)
+end
+
+local dead_ids = rcall('ZRANGEBYSCORE', consumers, '-inf', '(' .. now)
+if #dead_ids == 0 then return 0 end
+local dead = {}
+for _, id in ipairs(dead_ids) do dead[id] = true end
+
+-- The leases in hand are a few batches (consumers x BATCH_SIZE), and a consumer dies seldom.
+local handed = 0
+local entries = rcall('HGETALL', owners)
+for i = 1, #entries, 2 do
+  local member, token = entries[i], entries[i + 1]
+  local id = string.match(token, '^([^:]*):')
+  if id and dead[id] then
+    handed = handed + rcall('ZADD', leased, 'XX', 'LT', 'CH', now, member)
+  end
+end
+rcall('ZREM', consumers, unpack(dead_ids))
+return handed
