@@ -30,7 +30,7 @@ def leases(queue, members):
 def claimed_batch(queue, consumer_id, now_ms, count=3, lease_ms=30_000):
     """``count`` due members, claimed by a claim of ``consumer_id`` with a lease of ``lease_ms``."""
     members = [f"o{n}" for n in range(count)]
-    queue.add(dict.fromkeys(members, now_ms - 1000))
+    queue.schedule(dict.fromkeys(members, now_ms - 1000))
     claim = queue.shards[0].claim(now_ms, count, now_ms + lease_ms, f"{consumer_id}:0")
     assert sorted(claim.members) == members
     return members
