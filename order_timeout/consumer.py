@@ -5,9 +5,10 @@ member to one of them, and the row lock the lifecycle takes decides the
 rest. A consumer serves every kind of timer (the order close, the reminders,
 each timer a shop declared): each kind's shards are lanes, claimed in turn,
 so no kind waits behind another. A consumer that dies mid-batch loses
-nothing: its members stay leased and are taken over, one at a time, once the
-lease runs out; one taken over too often is given up, so no row can stall the
-others.
+nothing: its members stay leased and are taken over as a batch once its
+heartbeat (or lease) runs out, in halves while their holders keep dying; one
+that died alone with its holders too often is given up, so no row can stall
+the others.
 """
 
 from __future__ import annotations
@@ -308,12 +309,14 @@ class Consumer:
             if not once:
                 # Not for --once: what is due now, then gone; a killed one's batch waits its lease.
                 heartbeat.start()
+                self.watch.on_session = heartbeat.record_session
             return self._run(once=once)
         finally:
             if heartbeat.thread.is_alive():
                 heartbeat.close()
             guard.close()
             self.watch.guard = None
+            self.watch.on_session = None
             if self._listener is not None:
                 self._listener.close()
                 self._listener = None

@@ -37,6 +37,7 @@ from .helpers import (
     cut_off_subscribers,
     end_own_session,
     expiries,
+    hash_size,
     leased_members,
     lock_waits,
     pending_count,
@@ -571,23 +572,53 @@ def test_a_receiver_that_marks_the_close_for_rollback_fails_that_order(consumer,
     assert score_of(queue, str(orders[0].pk)) is not None  # retried later, not acked
 
 
-def test_expired_leases_are_taken_over_one_at_a_time_between_batches_due_meanwhile(consumer, make_order,
-                                                                                   queue, clock):
-    """A dead consumer's batch is taken over member by member, each counted; orders that fell due
-    meanwhile do not wait behind all of it: every other claim is theirs."""
+def test_a_dead_consumers_batch_is_taken_over_whole_and_the_orders_due_meanwhile_get_the_next_claim(
+        consumer, make_order, queue, clock):
+    """The first death hands the batch on as a batch, counted once for each member; orders that
+    fell due meanwhile do not wait behind it: the next claim is theirs."""
     stale = [make_order(in_seconds=-10) for _ in range(3)]
     claim_everywhere(queue, now_score(clock()), 3, now_score(clock()) - 1, "a-consumer-that-died")
     due = [make_order(in_seconds=-1) for _ in range(3)]
     worker = consumer(batch_size=4)
 
-    claims = [worker.claim(clock()) for _ in range(4)]
+    claims = [worker.claim(clock()) for _ in range(2)]
 
-    # One each (in the leases' order: the members' bytes, so "100" comes before "98").
-    assert [len(c.members) for c in (claims[0], claims[2], claims[3])] == [1, 1, 1]
-    assert sorted(c.members[0] for c in (claims[0], claims[2], claims[3])) == sorted(str(o.pk) for o in stale)
+    assert sorted(claims[0].members) == sorted(str(o.pk) for o in stale)
     assert sorted(claims[1].members) == sorted(str(o.pk) for o in due)
-    assert [c.takeovers for c in claims] == [1, 0, 1, 1]
-    assert pending_count(queue) == 0
+    assert [(c.takeovers, c.died_alone) for c in claims] == [(1, False), (0, False)]
+    assert hash_size(queue, "takeovers") == 3 and pending_count(queue) == 0
+
+
+def test_a_batch_whose_holders_keep_dying_is_split_in_halves_until_its_killer_dies_alone(
+        make_order, queue, clock):
+    """Bisection: each holder that dies with the killer hands on half as much; every half
+    without it is acked by its first holder; the killer alone is the only member ever judged."""
+    shard, members = queue.shards[0], []
+    while len(members) < 8:
+        member = str(make_order(in_seconds=3600).pk)  # due only for the first claim below
+        if queue.shard_for(member) is shard:
+            members.append(member)
+    killer = members[5]
+    now_ms = now_score(clock())
+    assert sorted(shard.claim(now_ms + 3_700_000, 8, now_ms - 1000, "dead:0").members) == sorted(members)
+    held_by_killer, acked, judged = [], [], []
+    for n in range(1, 30):
+        # Each claim's lease runs out before the next (a unique expiry: the batches stay apart).
+        claim = shard.claim(now_ms, 8, now_ms - 1000 + n, f"holder{n}:0")
+        if not claim.members:
+            break
+        if claim.died_alone:
+            judged.append((claim.members, claim.takeovers))
+            queue.ack(claim.token, claim.members)  # given up (the lifecycle's part)
+        elif killer in claim.members:
+            held_by_killer.append(len(claim.members))  # it dies: its lease runs out
+        else:
+            queue.ack(claim.token, claim.members)
+            acked += claim.members
+
+    assert held_by_killer == [8, 4, 2, 1]
+    assert judged == [([killer], 5)]
+    assert sorted(acked) == sorted(m for m in members if m != killer)
 
 
 def test_an_order_whose_row_is_locked_elsewhere_does_not_stall_its_batch(consumer, make_order, queue,

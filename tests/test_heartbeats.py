@@ -13,8 +13,10 @@ from __future__ import annotations
 import signal
 
 import pytest
+from django.db import DatabaseError, connections
 
 from order_timeout.consumer import Consumer
+from order_timeout.db.session import end_session_named, session_identity
 from order_timeout.models import Order
 
 from .conftest import both_redis, running, wait_for
@@ -44,7 +46,7 @@ def test_the_leases_of_a_consumer_whose_heartbeat_ran_out_are_handed_over_at_onc
     shard.heartbeat("dead", now, now + 1500)
     members = claimed_batch(queue, "dead", now)
 
-    handed = shard.heartbeat("alive", now + 2000, now + 3500)
+    handed, _ = shard.heartbeat("alive", now + 2000, now + 3500)
 
     assert handed == len(members)
     assert leases(queue, members) == dict.fromkeys(members, now + 2000)
@@ -59,7 +61,7 @@ def test_a_consumer_that_keeps_beating_keeps_its_batch(queue):
     members = claimed_batch(queue, "busy", now)
 
     shard.heartbeat("busy", now + 1000, now + 2500)
-    handed = shard.heartbeat("other", now + 2000, now + 3500)
+    handed, _ = shard.heartbeat("other", now + 2000, now + 3500)
 
     assert handed == 0
     assert leases(queue, members) == dict.fromkeys(members, now + 30000)
@@ -72,7 +74,7 @@ def test_a_consumer_that_stopped_is_never_taken_for_dead(queue):
     members = claimed_batch(queue, "leaving", now)
 
     shard.heartbeat("leaving", now + 100, None)
-    handed = shard.heartbeat("other", now + 60_000, now + 61_500)
+    handed, _ = shard.heartbeat("other", now + 60_000, now + 61_500)
 
     assert handed == 0
     assert leases(queue, members) == dict.fromkeys(members, now + 30000)
@@ -85,10 +87,66 @@ def test_a_claim_of_one_that_never_beat_keeps_its_lease(queue):
     shard, now = queue.shards[0], 1_000_000_000
     members = claimed_batch(queue, "scan-or-older", now)
 
-    handed = shard.heartbeat("other", now + 60_000, now + 61_500)
+    handed, _ = shard.heartbeat("other", now + 60_000, now + 61_500)
 
     assert handed == 0
     assert leases(queue, members) == dict.fromkeys(members, now + 30000)
+
+
+@both_redis
+def test_a_dead_consumers_session_goes_to_the_first_beat_that_finds_it_dead_and_to_no_other(queue):
+    shard, now = queue.shards[0], 1_000_000_000
+    shard.heartbeat("frozen", now, now + 1500, "default\x1f42")
+    shard.heartbeat("stopped", now, now + 1500, "default\x1f43")
+    shard.heartbeat("stopped", now + 100, None, "default\x1f43")
+
+    found = shard.heartbeat("alive", now + 2000, now + 3500)
+    again = shard.heartbeat("other", now + 2100, now + 3600)
+
+    assert found == (0, ["default\x1f42"]) and again == (0, [])
+
+
+def other_session():
+    """A second session of the test database, as another consumer's."""
+    other = connections.create_connection("default")
+    other.ensure_connection()
+    return other
+
+
+def session_alive(other) -> bool:
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        return True
+    except DatabaseError:
+        return False
+
+
+def test_a_recorded_session_is_ended_by_its_name():
+    other = other_session()
+    try:
+        identity = session_identity(other)
+
+        assert end_session_named("default", identity)
+
+        assert not session_alive(other)
+    finally:
+        other.close()
+
+
+def test_a_recorded_postgresql_session_whose_pid_came_back_for_a_stranger_is_left_alone():
+    """A backend pid is reused once its process exits: the name carries when the backend started."""
+    other = other_session()
+    try:
+        if other.vendor != "postgresql":
+            pytest.skip("MySQL/MariaDB thread ids are not reused while the server runs")
+        pid, started = session_identity(other).split("@")
+
+        assert not end_session_named("default", f"{pid}@{int(started) - 1}")
+
+        assert session_alive(other)
+    finally:
+        other.close()
 
 
 @both_redis
@@ -114,9 +172,11 @@ def test_a_running_consumer_beats_on_every_lane_and_leaves_them_when_it_stops(qu
 
 @pytest.mark.slow
 @both_redis
-def test_a_consumer_killed_mid_batch_has_its_batch_closed_by_another_long_before_its_lease(
-        consumer_process, queue, tmp_path):
-    """The lease is an hour here: only the heartbeat can hand the batch over within the test."""
+@pytest.mark.parametrize("stop", ["killed", "frozen"])
+def test_a_consumer_killed_or_frozen_mid_batch_has_its_batch_closed_by_another_long_before_its_lease(
+        consumer_process, queue, tmp_path, stop):
+    """The lease is an hour here, and so is the server's limit on the frozen one's transaction: only
+    the heartbeat can hand the batch over, and end the session that holds its rows, in the test."""
     from .test_consumer_processes import due_orders, started
 
     orders = due_orders(20)
@@ -130,10 +190,13 @@ def test_a_consumer_killed_mid_batch_has_its_batch_closed_by_another_long_before
     survivor = consumer_process("--batch-size", "20", env=hour)
     survivor.wait_until(lambda: started(survivor))
 
-    victim.kill()
+    victim.kill() if stop == "killed" else victim.signal(signal.SIGSTOP)
 
     wait_for(lambda: count_in(Order, "closed") == 20)
     assert leased_members(queue) == []
     assert "heartbeat stopped" in survivor.err
+    if stop == "frozen":
+        assert "Ended the database session" in survivor.err
+        victim.kill()
     survivor.signal(signal.SIGTERM)
     assert survivor.wait()[0] == 0

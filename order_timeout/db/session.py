@@ -221,6 +221,52 @@ def session_id(connection: BaseDatabaseWrapper) -> Any:
     return None
 
 
+def session_identity(connection: BaseDatabaseWrapper) -> str | None:
+    """A name another process can end this session by without ending a stranger's, or None.
+
+    MySQL/MariaDB: the thread id (never reused while the server runs, short
+    of a 2**32 wrap). PostgreSQL: the backend pid and when that backend
+    started, since a pid is reused as soon as its process exits. One query,
+    once per connection.
+    """
+    sid = session_id(connection)
+    if sid is None:
+        return None
+    if connection.vendor != "postgresql":
+        return str(sid)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {_PG_STARTED_US} FROM pg_stat_activity WHERE pid = pg_backend_pid()")
+        row = cursor.fetchone()
+    return f"{sid}@{row[0]}" if row else None
+
+
+# When a PostgreSQL backend started, in whole microseconds: compared exactly.
+_PG_STARTED_US = "(extract(epoch FROM backend_start) * 1000000)::bigint"
+
+
+def end_session_named(using: str, identity: str) -> bool:
+    """End the session ``session_identity`` named, if it is still that session; True if this call did.
+
+    For a consumer found dead (its heartbeat stopped): a frozen one's open
+    transaction keeps its rows locked until the server's own limit ends it.
+    """
+    if "@" not in identity:
+        return end_session(using, int(identity))
+    pid, started = (int(part) for part in identity.split("@", 1))
+    connection = connections[using]
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                           f"WHERE pid = %s AND {_PG_STARTED_US} = %s", [pid, started])
+            row = cursor.fetchone()
+    except DatabaseError as exc:
+        logger.warning("Could not end database session %s: %s", pid, exc)
+        return False
+    finally:
+        connection.close()
+    return bool(row and row[0])
+
+
 def end_session(using: str, sid: Any) -> bool:
     """End another session of ours (its transaction rolls back, its row locks go); True if this call did.
 

@@ -100,6 +100,12 @@ class QueueKeys:
         return self._key("consumers")
 
     @property
+    def sessions(self) -> str:
+        """Hash: member = a running consumer's id, value = the database session its batch runs on
+        ("alias\x1fidentity"), for the consumer that finds it dead to end."""
+        return self._key("sessions")
+
+    @property
     def wake(self) -> str:
         """(Sharded) pub/sub channel: a new earliest deadline (ms) of this shard, for consumers."""
         return self._key("wake")

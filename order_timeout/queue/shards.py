@@ -147,14 +147,17 @@ class QueueStats:
 class Claim:
     """One claim on one shard: the members now leased to the caller, its token, the next deadline.
 
-    ``takeovers`` is how often the single member of this claim was taken over
-    from a consumer that died with it (0 for an ordinary batch).
+    ``takeovers`` is how often the members of this claim were taken over
+    from a consumer that died with them (0 for an ordinary batch). Only when
+    ``died_alone`` (one member, whose last holder held nothing else) may the
+    caller give it up for that: a member that died in a batch may be innocent.
     """
 
     members: list[str]
     next_score: int | None = field(default=None)
     token: str = ""
     takeovers: int = 0
+    died_alone: bool = False
     shard: int = 0
     # The kind of timer claimed (keys.CLOSE or keys.REMIND).
     kind: str = CLOSE
@@ -227,11 +230,11 @@ class Shard:
 
     def claim(self, due_ms: int, limit: int, lease_until_ms: int, token: str, *,
               due_first: bool = False) -> Claim:
-        """Lease an expired lease's member alone, or up to ``limit`` due members.
+        """Lease a dead claim's batch (or the half of it), or up to ``limit`` due members.
 
         Expired leases go first unless ``due_first``: a consumer alternates, so
-        a dead consumer's batch, taken over one member at a time, and the
-        orders falling due meanwhile each get every other claim.
+        a dead consumer's batch, taken over in halves while its holders keep
+        dying, and the orders falling due meanwhile each get every other claim.
 
         A member that is not UTF-8, and a next score no deadline can have, are
         moved to the quarantine in the same call (logged once, escaped): they
@@ -266,7 +269,8 @@ class Shard:
             members=members,
             # After a quarantine the next score is unknown: look again now.
             next_score=LOOK_NOW if quarantined else None if far else _score(raw_next),
-            token=token, takeovers=takeovers if members else 0, shard=self.index, kind=self.keys.kind,
+            token=token, takeovers=abs(takeovers) if members else 0, died_alone=takeovers > 0 and bool(members),
+            shard=self.index, kind=self.keys.kind,
             quarantined=quarantined,
         )
 
@@ -326,13 +330,17 @@ class Shard:
                 ))
         return moved
 
-    def heartbeat(self, consumer: str, now_ms: int, until_ms: int | None) -> int:
-        """``consumer`` is alive until ``until_ms`` (None: it leaves); hand the leases of every
-        consumer whose heartbeat ran out to the next claims. Returns how many were handed over."""
+    def heartbeat(self, consumer: str, now_ms: int, until_ms: int | None,
+                  session: str = "") -> tuple[int, list[str]]:
+        """``consumer`` is alive until ``until_ms`` (None: it leaves), its batch on ``session``; hand
+        the leases of every consumer whose heartbeat ran out to the next claims. Returns how many
+        were handed over, and the sessions the dead ones' batches ran on."""
         keys = self.keys
         with redis_errors("beat"):
-            return int(self.scripts["heartbeat"](keys=[keys.consumers, keys.leased, keys.owners],
-                                                 args=[now_ms, consumer, "" if until_ms is None else until_ms]))
+            reply = self.scripts["heartbeat"](
+                keys=[keys.consumers, keys.leased, keys.owners, keys.sessions],
+                args=[now_ms, consumer, "" if until_ms is None else until_ms, session])
+        return int(reply[0]), [_text(found) for found in reply[1:]]
 
     def renew(self, token: str, members: Sequence[str], until_ms: int) -> int:
         moved = 0

@@ -11,6 +11,16 @@ how long a live consumer's batch may run (``timers/leases.py``). A frozen
 consumer that thaws finds its work refused by the claim token and the row
 re-check, as after any takeover.
 
+A frozen consumer's open transaction would still hold its batch's row locks
+until the server's own limit (``LEASE_SECONDS``) ended it, and the rows
+would wait for it. So each beat also records the database session the
+consumer's batch runs on (beating at once when it changes), and the consumer
+that finds it dead ends that session: its transaction rolls back and the
+locks go. PostgreSQL names it with its backend's start too, so a pid reused
+by a stranger is never ended. A live consumer taken for dead (a pause longer
+than ``HEARTBEAT_SECONDS``) loses that batch's work, never a close: the row
+re-check decides as after any takeover.
+
 Time is this host's, corrected to the database's (as the consumer's clock, but
 never a test's stepped clock): every consumer then judges the others by the
 same clock, whatever the skew between their hosts.
@@ -22,6 +32,9 @@ import logging
 import threading
 from collections.abc import Callable
 
+from django.db import connections
+
+from ..db.session import end_session_named
 from ..exceptions import QueueUnavailable
 from ..queue.lanes import Lanes
 
@@ -32,14 +45,20 @@ class Heartbeat:
     """One thread per running consumer: beat on every lane, hand the dead's leases over."""
 
     def __init__(self, lanes: Lanes, consumer: str, seconds: float, clock_ms: Callable[[], int],
-                 on_handed: Callable[[int], None] = lambda lane: None) -> None:
+                 on_handed: Callable[[int], None] = lambda lane: None,
+                 end_session: Callable[[str, str], bool] = end_session_named) -> None:
         self.lanes = lanes
         # Told each lane where leases were handed over: this consumer claims them next.
         self.on_handed = on_handed
         self.consumer = consumer
         self.seconds = seconds
         self.clock_ms = clock_ms
+        self.end_session = end_session
+        # "alias\x1fidentity" of the session this consumer's batch runs on; "" for none.
+        self._session = ""
         self._closed = threading.Event()
+        # Set to beat now: the session changed, or the consumer stops.
+        self._poke = threading.Event()
         self._failing = False
         self.thread = threading.Thread(target=self._run, name="order-timeout-heartbeat", daemon=True)
 
@@ -52,12 +71,25 @@ class Heartbeat:
     def close(self) -> None:
         """Stop beating and leave every shard: a consumer that stopped is not dead."""
         self._closed.set()
+        self._poke.set()
         if self.thread.is_alive():
             self.thread.join(5)
         self.beat(leaving=True)
 
+    def record_session(self, using: str, identity: str | None) -> None:
+        """The session this consumer's batches run on now; a new one is beaten at once, so it is
+        known before the batch can freeze with it (save a few milliseconds)."""
+        session = "" if identity is None else f"{using}\x1f{identity}"
+        if session != self._session:
+            self._session = session
+            self._poke.set()
+
     def _run(self) -> None:
-        while not self._closed.wait(self.seconds / 3):
+        while True:
+            self._poke.wait(self.seconds / 3)
+            self._poke.clear()
+            if self._closed.is_set():
+                return
             self.beat()
 
     def beat(self, leaving: bool = False) -> int:
@@ -65,9 +97,11 @@ class Heartbeat:
         handed = 0
         now = self.clock_ms()
         until = None if leaving else now + round(1000 * self.seconds)
+        sessions: set[str] = set()
         try:
             for lane, shard in enumerate(self.lanes.shards):
-                moved = shard.heartbeat(self.consumer, now, until)
+                moved, found = shard.heartbeat(self.consumer, now, until, self._session)
+                sessions.update(found)
                 if moved:
                     logger.warning("A consumer's heartbeat stopped (%s): handed its %d lease(s) to the "
                                    "next claims.", shard.keys.tag, moved)
@@ -87,4 +121,18 @@ class Heartbeat:
         if self._failing:
             logger.info("Heartbeat back.")
             self._failing = False
+        for session in sessions:
+            self._end(session)
         return handed
+
+    def _end(self, session: str) -> None:
+        """End a dead consumer's session, so its rows are not locked until the server's limit."""
+        using, _, identity = session.partition("\x1f")
+        if using not in connections:
+            return
+        try:
+            if self.end_session(using, identity):
+                logger.warning("Ended the database session %s of a consumer whose heartbeat stopped: "
+                               "its transaction rolled back, its row locks are gone.", identity)
+        except Exception:
+            logger.exception("Could not end the database session %s of a dead consumer.", identity)

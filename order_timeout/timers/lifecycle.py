@@ -74,7 +74,7 @@ class Lifecycle:
     def process(self, kind: Timer, queue: TimeoutQueue, claim: Claim, now: datetime) -> Report:
         by_key, malformed = self._read(kind, queue, claim, now)
         report = Report(claimed=len(claim.members), dropped=len(malformed))
-        if claim.takeovers > self.max_takeovers and by_key:
+        if claim.died_alone and claim.takeovers > self.max_takeovers and by_key:
             return self._give_up_taken_over(kind, queue, claim, by_key, now, report)
         with self.watch.watching(claim, queue, kind.using) as batch:
             outcome = act_on(kind, list(by_key), should_stop=batch.expired if batch else None)
@@ -129,7 +129,7 @@ class Lifecycle:
         # Settled by its settled condition, its deadline kept: looked at again, acted on once it is not.
         queue.reschedule(token, {by_key[key]: kind.settled_recheck_ms(now) for key in outcome.kept})
         if outcome.abandoned:
-            # Hand them to the next claim at once, each alone (the guard did, unless it was not there).
+            # Hand them to the next claim at once (the guard did, unless it was not there).
             queue.hand_over(token, [by_key[key] for key in outcome.abandoned], now_score(self.clock()))
         report.given_up += self.retrier.retry_or_give_up(kind, queue, token, outcome.failed, by_key, now)
         report.acted, report.passed = len(outcome.acted), len(outcome.passed)

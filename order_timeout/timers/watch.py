@@ -3,18 +3,20 @@
 Around every act of a consumer (whatever the kind): the session the act runs
 on is limited to ``LEASE_SECONDS`` (once per connection; behind a transaction
 pooler, per transaction), and under ``run()`` the lease guard renews the
-batch's leases while it works and gives it up when it overruns.
+batch's leases while it works and gives it up when it overruns, and the
+heartbeat records the session, for the consumer that finds this one dead to
+end.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from django.db import connections
 
-from ..db.session import limit_session, session_id
+from ..db.session import limit_session, session_id, session_identity
 from ..queue import Claim, TimeoutQueue
 from .leases import LeaseGuard, WatchedBatch
 
@@ -24,7 +26,11 @@ class BatchWatch:
         self.lease_seconds = lease_seconds
         # Set by the consumer while it runs (no guard outside ``run()``: a test's single batch).
         self.guard: LeaseGuard | None = None
+        # Told the session each batch runs on (the heartbeat records it, for whoever finds this
+        # consumer dead to end: a frozen consumer's transaction would keep its rows locked).
+        self.on_session: Callable[[str, str | None], None] | None = None
         self._limited: dict[str, Any] = {}
+        self._identity: dict[str, str | None] = {}
 
     @contextmanager
     def watching(self, claim: Claim, queue: TimeoutQueue, using: str) -> Iterator[WatchedBatch | None]:
@@ -33,6 +39,11 @@ class BatchWatch:
         if connection.connection is not self._limited.get(using):
             limit_session(connection, self.lease_seconds)
             self._limited[using] = connection.connection
+            self._identity.pop(using, None)
+        if self.on_session is not None:
+            if using not in self._identity:
+                self._identity[using] = session_identity(connection)
+            self.on_session(using, self._identity[using])
         if self.guard is None:
             yield None
             return

@@ -13,13 +13,19 @@
                      (the consumer alternates, so neither waits behind all of the other)
 
   Returns { next, takeovers, member... }:
-  - An expired lease (its consumer died, froze or hung) is taken over alone:
-    one member, its takeover count raised by one and returned as
-    `takeovers`. Whatever killed that consumer can then only stall itself.
-  - Or the due pending members, at most `limit`, deadline first. A
-    member taken over before is claimed alone as well: the batch stops
-    before it, or, when it comes first, it is the batch (`takeovers` is then
-    its count).
+  - Expired leases (their consumer died, froze or overran) are taken over as the batch their
+    dead claim held: the members of the earliest expired lease that share its lease score and
+    its token, at most `limit`. The first time a batch dies it is taken over whole; a batch
+    that was itself a takeover and died again is split in halves (bisection): the first half
+    is claimed, the second is left expired under the token "~" .. token, to be taken over
+    whole by the next claim. So whatever kills its holders is cornered in about log2(batch)
+    deaths, and the innocent halves close meanwhile. Each member's takeover count rises by
+    one. `takeovers` is that count when the member died alone with its holder (the one case
+    the caller may give it up in: nothing else was in its batch), and minus that count
+    otherwise.
+  - Or the due pending members, at most `limit`, deadline first. A member taken over before
+    is claimed alone: the batch stops before it, or, when it comes first, it is the batch
+    (`takeovers` is then minus its count: claimed from pending, it did not die this time).
   - Nothing claimed: `next` is the earliest score in either set ("" when both
     are empty), so an idle consumer learns how long to sleep from the same
     call; `takeovers` is 0.
@@ -61,11 +67,55 @@ end
 -- Look before ranging: an idle claim costs two O(log n) reads and nothing else.
 local first_leased, first_pending = first(leased), first(pending)
 
+-- A half of a split batch that was never tried alone: its token's mark.
+local UNTRIED = '~'
+
 local function take_over()
-  local member = rcall('ZRANGEBYSCORE', leased, '-inf', now, 'LIMIT', 0, 1)[1]
-  local count = rcall('HINCRBY', takeovers, member, 1)
-  lease({ member })
-  return { '', count, member }
+  local entry = rcall('ZRANGEBYSCORE', leased, '-inf', now, 'WITHSCORES', 'LIMIT', 0, 1)
+  local member, score = entry[1], entry[2]
+  local dead = rcall('HGET', owners, member)
+  local group = { member }
+  if dead then
+    -- Its batch: the members its dead claim leased together share the lease score (a claim,
+    -- a renewal and a hand-over each give a whole batch one expiry). Read a few batches' worth:
+    -- other claims' members can share the score, and what is missed is taken over later.
+    group = {}
+    local same = rcall('ZRANGEBYSCORE', leased, score, score, 'LIMIT', 0, 4 * limit)
+    for i = 1, #same, step do
+      local tokens = rcall('HMGET', owners, unpack(same, i, math.min(i + step - 1, #same)))
+      for j = 1, #tokens do
+        if tokens[j] == dead and #group < limit then group[#group + 1] = same[i + j - 1] end
+      end
+    end
+  end
+  local before = tonumber(rcall('HGET', takeovers, member) or '0')
+  local untried = dead and string.sub(dead, 1, #UNTRIED) == UNTRIED
+  local alone = #group == 1 and not untried
+  if before > 0 and not untried and #group > 1 then
+    -- A takeover that died too: the first half now, the second whole at the next claim.
+    local half, first_half, rest = math.ceil(#group / 2), {}, {}
+    for i = 1, #group do
+      if i <= half then
+        first_half[i] = group[i]
+      else
+        rest[#rest + 1] = group[i]
+        rest[#rest + 1] = UNTRIED .. dead
+      end
+    end
+    group = first_half
+    for i = 1, #rest, 2 * step do
+      rcall('HSET', owners, unpack(rest, i, math.min(i + 2 * step - 1, #rest)))
+    end
+  end
+  local count = 0
+  for _, taken in ipairs(group) do
+    local raised = rcall('HINCRBY', takeovers, taken, 1)
+    if taken == member then count = raised end
+  end
+  lease(group)
+  local reply = { '', alone and count or -count }
+  for _, taken in ipairs(group) do reply[#reply + 1] = taken end
+  return reply
 end
 
 local function claim_due()
@@ -86,7 +136,7 @@ local function claim_due()
   end
   local batch = due
   if tainted_at == 1 then
-    batch = { due[1] }
+    batch, tainted_count = { due[1] }, -tainted_count
   elseif tainted_at then
     batch, tainted_count = {}, 0
     for i = 1, tainted_at - 1 do batch[i] = due[i] end

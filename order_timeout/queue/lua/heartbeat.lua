@@ -5,29 +5,39 @@
   KEYS[1] consumers  sorted set: member = consumer id, score = when its heartbeat runs out (ms)
   KEYS[2] leased     sorted set: member = order id, score = lease expiry (ms)
   KEYS[3] owners     hash: member = order id, value = token of the claim holding its lease
+  KEYS[4] sessions   hash: member = consumer id, value = the database session its batch runs on
   ARGV[1] now        (ms)
   ARGV[2] consumer   this consumer's id: the part of its claim tokens before the first ':'
   ARGV[3] until      (ms) when this heartbeat runs out; "" when the consumer leaves
+  ARGV[4] session    the database session of this consumer's batch; "" for none
 
   A consumer whose heartbeat ran out is dead: every lease one of its claims holds runs out now
   (ZADD LT: a lease that ran out already keeps its earlier score), so the next claims take its
   members over, whatever LEASE_SECONDS said. Only a consumer that once beat can be found dead: a
   token of the compensation scan, or of a consumer of an older release, never is.
 
-  Returns the number of leases handed over.
+  A dead consumer's recorded session goes to the caller, to be ended: a frozen consumer's open
+  transaction would keep its rows locked from the next holder until the server's own limit.
+
+  Returns { leases handed over, the dead consumers' sessions... }.
 ]]
 local rcall = redis.call
-local consumers, leased, owners = KEYS[1], KEYS[2], KEYS[3]
-local now, me, beat_until = ARGV[1], ARGV[2], ARGV[3]
+local consumers, leased, owners, sessions = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local now, me, beat_until, session = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
 if beat_until == '' then
   rcall('ZREM', consumers, me)
 else
   rcall('ZADD', consumers, beat_until, me)
 end
+if session == '' or beat_until == '' then
+  rcall('HDEL', sessions, me)
+else
+  rcall('HSET', sessions, me, session)
+end
 
 local dead_ids = rcall('ZRANGEBYSCORE', consumers, '-inf', '(' .. now)
-if #dead_ids == 0 then return 0 end
+if #dead_ids == 0 then return { 0 } end
 local dead = {}
 for _, id in ipairs(dead_ids) do dead[id] = true end
 
@@ -41,5 +51,10 @@ for i = 1, #entries, 2 do
     handed = handed + rcall('ZADD', leased, 'XX', 'LT', 'CH', now, member)
   end
 end
+local reply = { handed }
+for _, found in ipairs(rcall('HMGET', sessions, unpack(dead_ids))) do
+  if found then reply[#reply + 1] = found end
+end
+rcall('HDEL', sessions, unpack(dead_ids))
 rcall('ZREM', consumers, unpack(dead_ids))
-return handed
+return reply
