@@ -82,6 +82,21 @@ def redis_lost(t: Tuning) -> Bound:
                  from_heal=True, plus_scan=True)
 
 
+# Seconds a consumer's rebuild of the chaos run's queue takes from the rows (a few thousand).
+REBUILD = 2.0
+
+
+def redis_emptied(t: Tuning, outage_seconds: float) -> Bound:
+    """Redis came back empty, no beat running: a consumer's heartbeat finds the queue's epoch
+    marker gone within a third of HEARTBEAT_SECONDS, and that consumer, once its backoff from
+    the outage ends, rebuilds the queue from the rows (scans/recovery.py). From the heal."""
+    backoff = min(outage_seconds + ERROR_BACKOFF_FIRST, ERROR_BACKOFF_MAX)
+    beat = t.heartbeat_seconds / 3
+    return Bound("Redis came back empty, rebuilt by a consumer", backoff + beat + REBUILD + SLACK,
+                 f"backoff {backoff:.1f} + HEARTBEAT/3 {beat:.1f} + rebuild {REBUILD:g} + slack {SLACK:g}",
+                 from_heal=True)
+
+
 def receiver_fails(t: Tuning) -> Bound:
     """A receiver that raises: retried at each delay, then a dead letter."""
     delays = sum(t.retry_delays)

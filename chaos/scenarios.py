@@ -171,6 +171,25 @@ def redis_empty(lab: Lab) -> Story:
     return story
 
 
+@scenario("redis-empty-no-beat", "Redis killed and restarted empty mid-burst, no Celery beat: a "
+                                 "consumer finds the queue's epoch gone and rebuilds it")
+def redis_empty_no_beat(lab: Lab) -> Story:
+    t, redis = lab.tuning, lab.servers.redis
+    with lab.consumers(CONSUMERS):
+        created = lab.create_orders(spread=lab.sizes.spread, cohort="rebuilt by a consumer")
+        lab.wait_until(_third_of_the_way(lab, created.first_deadline, lab.sizes.spread))
+        redis.kill()
+        time.sleep(OUTAGE_SECONDS / 2)
+        redis.start()
+        healed = lab.now()
+        came_back_empty = queueview.queued() == 0
+        story = lab.settle(Story([
+            Cohort("rebuilt by a consumer", Expect.CLOSED, bounds.redis_emptied(t, OUTAGE_SECONDS / 2)),
+        ], heal_at=healed))
+    story.checks += [Check("Redis came back empty", came_back_empty)]
+    return story
+
+
 def _first_rebuild_after(beat: object, moment: datetime, timeout: float) -> datetime | None:
     """When the first successful ``--rebuild`` that started after ``moment`` ended."""
     give_up = time.monotonic() + timeout

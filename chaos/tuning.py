@@ -18,6 +18,8 @@ from typing import Any
 @dataclass(frozen=True)
 class Tuning:
     lease_seconds: float = 2.0
+    # The default: a consumer found dead in HEARTBEAT_SECONDS, its queue lost in a third of it.
+    heartbeat_seconds: float = 1.5
     retry_delays: tuple[float, ...] = (1.0, 2.0)
     max_takeovers: int = 3
     # At least LEASE_SECONDS + sum(RETRY_DELAYS) (check order_timeout.W004).
@@ -51,7 +53,8 @@ class Tuning:
     def environment(self) -> dict[str, str]:
         """The ``ORDER_TIMEOUT_*`` variables that give a process these settings."""
         values = {
-            "LEASE_SECONDS": self.lease_seconds, "RETRY_DELAYS": list(self.retry_delays),
+            "LEASE_SECONDS": self.lease_seconds, "HEARTBEAT_SECONDS": self.heartbeat_seconds,
+            "RETRY_DELAYS": list(self.retry_delays),
             "MAX_TAKEOVERS": self.max_takeovers, "COMPENSATION_GRACE": self.compensation_grace,
             "COMPENSATION_INTERVAL": self.compensation_interval,
             "COMPENSATION_LOCK_SECONDS": self.compensation_lock_seconds,

@@ -46,9 +46,9 @@ DEFAULTS: dict[str, Any] = {
     # pause a live process makes (a GC, a busy CPU): a live consumer taken for dead loses its
     # batch's work to the row re-check, never a close.
     "HEARTBEAT_SECONDS": 1.5,
-    # A dead consumer's batch is taken over whole, then in halves at each further death, so
-    # the member that kills its holders ends up alone. Taken over more than this many times
-    # in all, and its last holder dead with it alone, it becomes a dead letter, untried.
+    # A dead consumer's batch is taken over whole; a member taken over before is taken over
+    # alone, so whatever kills its holders stalls only itself. Taken over more than this many
+    # times, its last holder dead with it alone, it becomes a dead letter, untried.
     "MAX_TAKEOVERS": 3,
     # Longest idle sleep of the consumer, in seconds: bounds how late it notices
     # a deadline added by another process while it sleeps.

@@ -6,7 +6,7 @@ rest. A consumer serves every kind of timer (the order close, the reminders,
 each timer a shop declared): each kind's shards are lanes, claimed in turn,
 so no kind waits behind another. A consumer that dies mid-batch loses
 nothing: its members stay leased and are taken over as a batch once its
-heartbeat (or lease) runs out, in halves while their holders keep dying; one
+heartbeat (or lease) runs out, then member by member if they die again; one
 that died alone with its holders too often is given up, so no row can stall
 the others.
 """
@@ -36,6 +36,7 @@ from .queue import Claim, Lanes, TimeoutQueue
 from .queue.lanes import ShardRota
 from .queue.wakeups import WakeListener
 from .reporting.metrics import ConsumerMetrics
+from .scans.recovery import QueueRecovery
 from .timers.clock import DatabaseClock
 from .timers.heartbeats import Heartbeat
 from .timers.kind import Timer
@@ -202,6 +203,9 @@ class Consumer:
         self._refreshed_at = time.monotonic()
         # The last claim took a member over: the next lets due members go first.
         self._took_over = False
+        # Set by a heartbeat that found a shard without its epoch marker: Redis lost the queue.
+        self._epoch_missing = threading.Event()
+        self.recovery = QueueRecovery(self.queue, self.queues, self.kinds)
 
     # -- the clock ------------------------------------------------------
 
@@ -295,7 +299,7 @@ class Consumer:
         ``once`` mode they are raised, since the caller wants a verdict.
         """
         heartbeat = Heartbeat(self.lanes, self.consumer_id, self.heartbeat_seconds, self._wall_ms,
-                              on_handed=self._woken)
+                              on_handed=self._woken, on_epoch_missing=self._queue_lost)
         guard = self.watch.guard = LeaseGuard(self.queue, self.lease_seconds, lambda: now_score(self.clock()),
                                               on_stuck=self._exit_stuck if self.exit_when_stuck else None)
         try:
@@ -342,6 +346,8 @@ class Consumer:
             self._listener = WakeListener(self.lanes, self._woken)
         while not self.stopping:
             try:
+                if self._epoch_missing.is_set():
+                    self._recover()
                 claim = self.run_once(due_by)
             except (QueueUnavailable, DatabaseError) as exc:
                 if once:
@@ -377,6 +383,27 @@ class Consumer:
         except QueueUnavailable:
             return False
         return self.rota.has_due(now_score(self.clock()))
+
+    def _queue_lost(self) -> None:
+        self._epoch_missing.set()
+        self._wake.set()
+
+    def _recover(self) -> None:
+        """Rebuild a queue Redis lost (scans/recovery.py); the next beat asks again if not done."""
+        self._epoch_missing.clear()
+        close_old_connections()
+        try:
+            if self.recovery.run():
+                # What it put back is due now, on every lane.
+                for lane in range(len(self.lanes.shards)):
+                    self.rota.woke(lane)
+        except (QueueUnavailable, DatabaseError):
+            raise  # the loop's backoff; the next beat asks again
+        except Exception:
+            # A bug here must not stop the closes: logged, and asked again at the next beat.
+            logger.exception("Could not rebuild the queue; closing on, trying again at the next beat.")
+        finally:
+            close_old_connections()
 
     def _woken(self, lane: int) -> None:
         self.rota.woke(lane)

@@ -615,3 +615,28 @@ class Notice(models.Model):
 
     def __str__(self) -> str:
         return f"{self.handler} {self.key} ({self.state})"
+
+
+class QueueEpoch(models.Model):
+    """That a queue in Redis was set up, kept where Redis cannot lose it.
+
+    Each shard of the queue holds a marker with the same epoch. A consumer that finds a marker
+    gone while this row exists knows Redis lost the queue (a restart without persistence, a
+    FLUSHDB, a failover to an empty replica), and rebuilds it from the rows at once
+    (``scans/recovery.py``). With no row, the queue is new: the markers are set, nothing rebuilt.
+    """
+
+    # The queue's key prefix and kind: what its shards' keys start with.
+    queue = models.CharField(_("queue"), max_length=200, unique=True)
+    epoch = models.CharField(_("epoch"), max_length=32)
+    created_at = models.DateTimeField(_("created at"), default=timezone.now)
+    # When a consumer last rebuilt the queue from the rows, after Redis lost it.
+    rebuilt_at = models.DateTimeField(_("rebuilt at"), null=True, blank=True)
+    rebuilds = models.PositiveIntegerField(_("rebuilds"), default=0)
+
+    class Meta:
+        verbose_name = _("queue epoch")
+        verbose_name_plural = _("queue epochs")
+
+    def __str__(self) -> str:
+        return f"{self.queue}: {self.epoch}"

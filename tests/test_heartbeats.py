@@ -46,7 +46,7 @@ def test_the_leases_of_a_consumer_whose_heartbeat_ran_out_are_handed_over_at_onc
     shard.heartbeat("dead", now, now + 1500)
     members = claimed_batch(queue, "dead", now)
 
-    handed, _ = shard.heartbeat("alive", now + 2000, now + 3500)
+    handed, _, _ = shard.heartbeat("alive", now + 2000, now + 3500)
 
     assert handed == len(members)
     assert leases(queue, members) == dict.fromkeys(members, now + 2000)
@@ -61,7 +61,7 @@ def test_a_consumer_that_keeps_beating_keeps_its_batch(queue):
     members = claimed_batch(queue, "busy", now)
 
     shard.heartbeat("busy", now + 1000, now + 2500)
-    handed, _ = shard.heartbeat("other", now + 2000, now + 3500)
+    handed, _, _ = shard.heartbeat("other", now + 2000, now + 3500)
 
     assert handed == 0
     assert leases(queue, members) == dict.fromkeys(members, now + 30000)
@@ -74,7 +74,7 @@ def test_a_consumer_that_stopped_is_never_taken_for_dead(queue):
     members = claimed_batch(queue, "leaving", now)
 
     shard.heartbeat("leaving", now + 100, None)
-    handed, _ = shard.heartbeat("other", now + 60_000, now + 61_500)
+    handed, _, _ = shard.heartbeat("other", now + 60_000, now + 61_500)
 
     assert handed == 0
     assert leases(queue, members) == dict.fromkeys(members, now + 30000)
@@ -87,7 +87,7 @@ def test_a_claim_of_one_that_never_beat_keeps_its_lease(queue):
     shard, now = queue.shards[0], 1_000_000_000
     members = claimed_batch(queue, "scan-or-older", now)
 
-    handed, _ = shard.heartbeat("other", now + 60_000, now + 61_500)
+    handed, _, _ = shard.heartbeat("other", now + 60_000, now + 61_500)
 
     assert handed == 0
     assert leases(queue, members) == dict.fromkeys(members, now + 30000)
@@ -103,7 +103,7 @@ def test_a_dead_consumers_session_goes_to_the_first_beat_that_finds_it_dead_and_
     found = shard.heartbeat("alive", now + 2000, now + 3500)
     again = shard.heartbeat("other", now + 2100, now + 3600)
 
-    assert found == (0, ["default\x1f42"]) and again == (0, [])
+    assert found.sessions == ["default\x1f42"] and again.sessions == []
 
 
 def other_session():

@@ -100,6 +100,12 @@ class QueueKeys:
         return self._key("consumers")
 
     @property
+    def epoch(self) -> str:
+        """String: the queue's epoch (models.QueueEpoch), set once the queue is set up or rebuilt.
+        Gone with the rest of the shard when Redis loses it: what tells the consumers so."""
+        return self._key("epoch")
+
+    @property
     def sessions(self) -> str:
         """Hash: member = a running consumer's id, value = the database session its batch runs on
         ("alias\x1fidentity"), for the consumer that finds it dead to end."""

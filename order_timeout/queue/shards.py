@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from redis.commands.core import Script
 
@@ -165,6 +165,17 @@ class Claim:
     quarantined: int = 0
 
 
+class Beat(NamedTuple):
+    """What one heartbeat on a shard found."""
+
+    # Leases of consumers whose heartbeat ran out, handed to the next claims.
+    handed: int
+    # The database sessions their batches ran on ("alias\x1fidentity"), to end.
+    sessions: list[str]
+    # The shard has no epoch marker: Redis lost it, or the queue was never set up.
+    epoch_missing: bool = False
+
+
 @dataclass(frozen=True)
 class Position:
     """Where a member is in Redis: its pending score and its lease expiry (ms), if any."""
@@ -230,11 +241,12 @@ class Shard:
 
     def claim(self, due_ms: int, limit: int, lease_until_ms: int, token: str, *,
               due_first: bool = False) -> Claim:
-        """Lease a dead claim's batch (or the half of it), or up to ``limit`` due members.
+        """Lease a dead claim's batch (or one member of it), or up to ``limit`` due members.
 
         Expired leases go first unless ``due_first``: a consumer alternates, so
-        a dead consumer's batch, taken over in halves while its holders keep
-        dying, and the orders falling due meanwhile each get every other claim.
+        a dead consumer's batch, taken over whole (then member by member if its
+        holders keep dying), and the orders falling due meanwhile each get every
+        other claim.
 
         A member that is not UTF-8, and a next score no deadline can have, are
         moved to the quarantine in the same call (logged once, escaped): they
@@ -330,17 +342,19 @@ class Shard:
                 ))
         return moved
 
-    def heartbeat(self, consumer: str, now_ms: int, until_ms: int | None,
-                  session: str = "") -> tuple[int, list[str]]:
+    def heartbeat(self, consumer: str, now_ms: int, until_ms: int | None, session: str = "") -> Beat:
         """``consumer`` is alive until ``until_ms`` (None: it leaves), its batch on ``session``; hand
-        the leases of every consumer whose heartbeat ran out to the next claims. Returns how many
-        were handed over, and the sessions the dead ones' batches ran on."""
+        the leases of every consumer whose heartbeat ran out to the next claims."""
         keys = self.keys
         with redis_errors("beat"):
             reply = self.scripts["heartbeat"](
-                keys=[keys.consumers, keys.leased, keys.owners, keys.sessions],
+                keys=[keys.consumers, keys.leased, keys.owners, keys.sessions, keys.epoch],
                 args=[now_ms, consumer, "" if until_ms is None else until_ms, session])
-        return int(reply[0]), [_text(found) for found in reply[1:]]
+        return Beat(int(reply[0]), [_text(found) for found in reply[2:]], epoch_missing=bool(int(reply[1])))
+
+    def mark_epoch(self, epoch: str) -> None:
+        with redis_errors("mark the epoch"):
+            self.client.set(self.keys.epoch, epoch)
 
     def renew(self, token: str, members: Sequence[str], until_ms: int) -> int:
         moved = 0
@@ -560,7 +574,8 @@ class TimeoutQueue:
         """Delete every key of this queue and nothing else (one command per hash tag)."""
         with redis_errors("delete the queue's keys"):
             for shard in self.shards:
-                self.client.delete(*shard.keys.all())
+                keys = shard.keys
+                self.client.delete(*keys.all(), keys.consumers, keys.sessions, keys.epoch)
             self.client.delete(*self.global_keys.all())
 
     # -- the compensation scan's bookkeeping ------------------------------------
@@ -573,6 +588,28 @@ class TimeoutQueue:
         with redis_errors("renew the compensation lock"):
             return bool(self.scripts["renew_lock"](keys=[self.global_keys.compensation_lock],
                                                    args=[token, ttl_ms]))
+
+    def mark_epoch(self, epoch: str) -> None:
+        """Set the epoch marker on every shard: the queue is set up (or rebuilt) as of ``epoch``."""
+        for shard in self.shards:
+            shard.mark_epoch(epoch)
+
+    def claim_epoch(self, candidate: str) -> str:
+        """The queue's epoch in Redis, ``candidate`` if it had none: set on the first shard unless
+        set (the consumers setting a new queue up at once agree on the first one's), then on the
+        others unless set. Returns the epoch the first shard holds."""
+        first = self.shards[0]
+        with redis_errors("set the epoch up"):
+            first.client.set(first.keys.epoch, candidate, nx=True)
+            epoch = _text(first.client.get(first.keys.epoch) or candidate.encode())
+            for shard in self.shards[1:]:
+                shard.client.set(shard.keys.epoch, epoch, nx=True)
+        return epoch
+
+    def epoch_intact(self, epoch: str) -> bool:
+        """Whether every shard holds the marker of ``epoch``."""
+        with redis_errors("read the epoch"):
+            return all(_text(shard.client.get(shard.keys.epoch) or b"") == epoch for shard in self.shards)
 
     def release_lock(self, token: str) -> bool:
         with redis_errors("release the compensation lock"):

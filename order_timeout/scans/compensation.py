@@ -104,6 +104,7 @@ class CompensationScan:
         *,
         rebuild: bool = False,
         heal: bool = False,
+        full: bool = False,
         dry_run: bool = False,
         model: type[TimeoutOrderMixin] | None = None,
         queue: TimeoutQueue | None = None,
@@ -134,8 +135,11 @@ class CompensationScan:
                                                                     for kind in self.kinds))
         # Healing restores only what is due before the next scan could: anything
         # further ahead is restored by a later scan, still before its deadline.
+        # ``full``: a consumer's rebuild of a queue Redis lost: every future deadline, and every
+        # overdue row missing from Redis put back due (with ``heal``).
+        self.full = full
         self.rebuild_until = (self.now + timedelta(seconds=2 * settings.COMPENSATION_INTERVAL)
-                              + self.grace) if heal else None
+                              + self.grace) if heal and not full else None
 
     def queue_of(self, kind: Timer) -> TimeoutQueue:
         return self.queue if kind.key_space == self.queue.kind else self.queue.of_kind(kind.key_space)
@@ -233,6 +237,8 @@ class CompensationScan:
 
     def _close_overdue(self, kind: Timer, token: str) -> None:
         figures = self.result.figures(kind)
+        if self.full and isinstance(kind, Reminders):
+            return  # a reminder overdue is never sent; the rebuild put the future ones back
         before = self.now - self.grace
         chunks = kind.overdue(before, self.chunk_size)
         for rows in self._walk(chunks, token, figures, needs_redis=False,
@@ -243,6 +249,13 @@ class CompensationScan:
                 figures.would_act += len(dropped)
                 continue
             if not dropped:
+                continue
+            if self.full:
+                # A queue Redis lost: put them back due, for every consumer to close at once
+                # (in parallel, each row re-checked under its lock), rather than close them here.
+                scores = kind.scores(rows)
+                figures.restored += self._restore(self.queue_of(kind),
+                                                  {member: scores[member] for member in dropped})
                 continue
             # Acted on in one batch; those an earlier scan started on and never
             # finished (its process died) one at a time, or buried.
@@ -408,8 +421,9 @@ class CompensationScan:
             return candidates
         cutoff = now_score(self.now - self.grace)
         dropped = {member: pk for member, pk in candidates.items()
-                   if all(at is None or at <= cutoff
-                          for at in (positions[member].pending_ms, positions[member].lease_ms))}
+                   if (positions[member].missing if self.full
+                       else all(at is None or at <= cutoff
+                                for at in (positions[member].pending_ms, positions[member].lease_ms)))}
         figures.missing_from_redis += sum(1 for member in dropped if positions[member].missing)
         figures.left_to_consumers += len(candidates) - len(dropped)
         return dropped

@@ -46,7 +46,8 @@ class Heartbeat:
 
     def __init__(self, lanes: Lanes, consumer: str, seconds: float, clock_ms: Callable[[], int],
                  on_handed: Callable[[int], None] = lambda lane: None,
-                 end_session: Callable[[str, str], bool] = end_session_named) -> None:
+                 end_session: Callable[[str, str], bool] = end_session_named,
+                 on_epoch_missing: Callable[[], None] = lambda: None) -> None:
         self.lanes = lanes
         # Told each lane where leases were handed over: this consumer claims them next.
         self.on_handed = on_handed
@@ -54,6 +55,8 @@ class Heartbeat:
         self.seconds = seconds
         self.clock_ms = clock_ms
         self.end_session = end_session
+        # Told when a shard has no epoch marker: Redis lost the queue (scans/recovery.py).
+        self.on_epoch_missing = on_epoch_missing
         # "alias\x1fidentity" of the session this consumer's batch runs on; "" for none.
         self._session = ""
         self._closed = threading.Event()
@@ -98,10 +101,13 @@ class Heartbeat:
         now = self.clock_ms()
         until = None if leaving else now + round(1000 * self.seconds)
         sessions: set[str] = set()
+        epoch_missing = False
         try:
             for lane, shard in enumerate(self.lanes.shards):
-                moved, found = shard.heartbeat(self.consumer, now, until, self._session)
-                sessions.update(found)
+                beat = shard.heartbeat(self.consumer, now, until, self._session)
+                moved = beat.handed
+                sessions.update(beat.sessions)
+                epoch_missing = epoch_missing or beat.epoch_missing
                 if moved:
                     logger.warning("A consumer's heartbeat stopped (%s): handed its %d lease(s) to the "
                                    "next claims.", shard.keys.tag, moved)
@@ -123,6 +129,8 @@ class Heartbeat:
             self._failing = False
         for session in sessions:
             self._end(session)
+        if epoch_missing and not leaving:
+            self.on_epoch_missing()
         return handed
 
     def _end(self, session: str) -> None:

@@ -5,7 +5,7 @@ A live consumer renews the leases of a batch still in progress every third of
 still running ``LEASE_SECONDS`` after its claim is given up: its database
 session is ended (the transaction rolls back and its row locks go, even if a
 receiver hangs in Python) and its leases are handed to the next claim at
-once, which takes the batch over (in halves if it dies again). A frozen consumer renews
+once, which takes the batch over (member by member if it dies again). A frozen consumer renews
 nothing: its leases run out, and the server's session limits end its
 transaction. A batch with no session to name (``session_id`` gives none
 behind a transaction pooler, where a backend pid is not ours to end) is
@@ -166,7 +166,7 @@ class LeaseGuard:
             batch.given_up_at = time.monotonic()
         logger.warning(
             "Batch of %d still running after LEASE_SECONDS (%gs): giving it up; %s, and its "
-            "members are taken over as a batch, in halves at each further death.",
+            "members are taken over as a batch, then one at a time if it dies again.",
             len(batch.members), self.lease_seconds,
             "its database session is ended" if batch.session is not None
             else "its transaction is left to the server's time limits")

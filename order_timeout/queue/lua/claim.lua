@@ -13,16 +13,15 @@
                      (the consumer alternates, so neither waits behind all of the other)
 
   Returns { next, takeovers, member... }:
-  - Expired leases (their consumer died, froze or overran) are taken over as the batch their
-    dead claim held: the members of the earliest expired lease that share its lease score and
-    its token, at most `limit`. The first time a batch dies it is taken over whole; a batch
-    that was itself a takeover and died again is split in halves (bisection): the first half
-    is claimed, the second is left expired under the token "~" .. token, to be taken over
-    whole by the next claim. So whatever kills its holders is cornered in about log2(batch)
-    deaths, and the innocent halves close meanwhile. Each member's takeover count rises by
-    one. `takeovers` is that count when the member died alone with its holder (the one case
-    the caller may give it up in: nothing else was in its batch), and minus that count
-    otherwise.
+  - Expired leases (their consumer died, froze or overran) are taken over. The first time a
+    batch dies it is taken over whole: the members of the earliest expired lease that share
+    its lease score and its token, at most `limit` (a crash costs one claim, not one per
+    member). A member taken over before is taken over alone: whatever kills its holders then
+    stalls only itself, and the rest of its dead batch is left expired under the token
+    "~" .. token, each taken alone at the next claims and never judged for that death. Each
+    member's takeover count rises by one. `takeovers` is that count when the member died
+    alone with its holder (the one case the caller may give it up in: nothing else was in
+    its batch), and minus that count otherwise.
   - Or the due pending members, at most `limit`, deadline first. A member taken over before
     is claimed alone: the batch stops before it, or, when it comes first, it is the batch
     (`takeovers` is then minus its count: claimed from pending, it did not die this time).
@@ -91,21 +90,20 @@ local function take_over()
   local before = tonumber(rcall('HGET', takeovers, member) or '0')
   local untried = dead and string.sub(dead, 1, #UNTRIED) == UNTRIED
   local alone = #group == 1 and not untried
-  if before > 0 and not untried and #group > 1 then
-    -- A takeover that died too: the first half now, the second whole at the next claim.
-    local half, first_half, rest = math.ceil(#group / 2), {}, {}
-    for i = 1, #group do
-      if i <= half then
-        first_half[i] = group[i]
-      else
+  if before > 0 then
+    -- A takeover that died too (or a member of one): this member alone; the rest of its dead
+    -- batch marked, so that each, taken alone in turn, is not judged for a death it shared.
+    if not untried and #group > 1 then
+      local rest = {}
+      for i = 2, #group do
         rest[#rest + 1] = group[i]
         rest[#rest + 1] = UNTRIED .. dead
       end
+      for i = 1, #rest, 2 * step do
+        rcall('HSET', owners, unpack(rest, i, math.min(i + 2 * step - 1, #rest)))
+      end
     end
-    group = first_half
-    for i = 1, #rest, 2 * step do
-      rcall('HSET', owners, unpack(rest, i, math.min(i + 2 * step - 1, #rest)))
-    end
+    group = { member }
   end
   local count = 0
   for _, taken in ipairs(group) do

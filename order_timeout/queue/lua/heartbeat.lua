@@ -6,6 +6,7 @@
   KEYS[2] leased     sorted set: member = order id, score = lease expiry (ms)
   KEYS[3] owners     hash: member = order id, value = token of the claim holding its lease
   KEYS[4] sessions   hash: member = consumer id, value = the database session its batch runs on
+  KEYS[5] epoch      string: the queue's epoch; missing on a queue Redis lost (or never set up)
   ARGV[1] now        (ms)
   ARGV[2] consumer   this consumer's id: the part of its claim tokens before the first ':'
   ARGV[3] until      (ms) when this heartbeat runs out; "" when the consumer leaves
@@ -19,10 +20,10 @@
   A dead consumer's recorded session goes to the caller, to be ended: a frozen consumer's open
   transaction would keep its rows locked from the next holder until the server's own limit.
 
-  Returns { leases handed over, the dead consumers' sessions... }.
+  Returns { leases handed over, 1 if the epoch is missing else 0, the dead consumers' sessions... }.
 ]]
 local rcall = redis.call
-local consumers, leased, owners, sessions = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local consumers, leased, owners, sessions, epoch = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local now, me, beat_until, session = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
 if beat_until == '' then
@@ -36,8 +37,9 @@ else
   rcall('HSET', sessions, me, session)
 end
 
+local lost = rcall('EXISTS', epoch) == 0 and 1 or 0
 local dead_ids = rcall('ZRANGEBYSCORE', consumers, '-inf', '(' .. now)
-if #dead_ids == 0 then return { 0 } end
+if #dead_ids == 0 then return { 0, lost } end
 local dead = {}
 for _, id in ipairs(dead_ids) do dead[id] = true end
 
@@ -51,7 +53,7 @@ for i = 1, #entries, 2 do
     handed = handed + rcall('ZADD', leased, 'XX', 'LT', 'CH', now, member)
   end
 end
-local reply = { handed }
+local reply = { handed, lost }
 for _, found in ipairs(rcall('HMGET', sessions, unpack(dead_ids))) do
   if found then reply[#reply + 1] = found end
 end

@@ -1,0 +1,81 @@
+"""A queue Redis lost, rebuilt from the rows by a consumer within seconds, with no Celery beat.
+
+Redis can come back empty: a restart without persistence, a failover to a
+replica that had nothing, a FLUSHDB by mistake. Every consumer then stays
+connected, idle, and the compensation scan would heal it minutes later. So
+each queue keeps an epoch: a row in the database (``models.QueueEpoch``) and
+a marker on each of its shards in Redis. A consumer's heartbeat looks for the
+markers at every beat. A marker missing while the row exists means Redis
+lost the queue: the consumer rebuilds it at once, with the compensation
+scan's heal over every future deadline and every overdue row (no grace:
+nobody else has them), under the scan's lock, so one consumer rebuilds and
+the others go on closing what it puts back. Once it is done the markers are
+set again. With no row the queue is new (a first deploy): the row and the
+markers are written, and nothing is rebuilt.
+
+Rows whose state is final are never acted on twice: the heal restores only
+what is missing from Redis, and every act re-checks its row under the lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+
+from django.db import models
+from django.utils import timezone
+
+from ..models import QueueEpoch
+from ..queue import TimeoutQueue
+from ..timers.kind import Timer
+from .compensation import CompensationScan
+
+logger = logging.getLogger("order_timeout")
+
+
+def queue_name(queue: TimeoutQueue) -> str:
+    return f"{queue.prefix}:{queue.kind}"
+
+
+class QueueRecovery:
+    """For one consumer: ``run()`` when a beat found an epoch marker missing; True once every
+    queue is marked again (rebuilt if Redis lost it), False to try again at a later beat."""
+
+    def __init__(self, queue: TimeoutQueue, queues: Sequence[TimeoutQueue], kinds: list[Timer]) -> None:
+        self.queue = queue
+        self.queues = list({queue_name(each): each for each in queues}.values())
+        self.kinds = kinds
+
+    def run(self) -> bool:
+        lost: list[tuple[TimeoutQueue, QueueEpoch]] = []
+        for queue in self.queues:
+            row = QueueEpoch.objects.filter(queue=queue_name(queue)).first()
+            if row is None:
+                # A new queue: Redis says which epoch first (consumers starting together agree on
+                # it), then the row remembers it where Redis cannot lose it.
+                epoch = queue.claim_epoch(uuid.uuid4().hex)
+                row, created = QueueEpoch.objects.get_or_create(queue=queue_name(queue),
+                                                                defaults={"epoch": epoch})
+                if created:
+                    logger.info("Queue %s set up: epoch %s.", queue_name(queue), row.epoch)
+            if not queue.epoch_intact(row.epoch):
+                lost.append((queue, row))
+        if not lost:
+            return True
+        logger.warning("Redis lost the queue %s (its epoch marker is gone): rebuilding it from the "
+                       "database now.", ", ".join(queue_name(queue) for queue, _ in lost))
+        scan = CompensationScan(heal=True, full=True, grace=0, queue=self.queue, kinds=self.kinds)
+        result = scan.run()
+        if result.skipped or not result.locked or result.lock_lost:
+            # Another consumer (or the scan) holds the lock, or Redis went again: a later beat retries.
+            return False
+        for queue, row in lost:
+            queue.mark_epoch(row.epoch)
+            QueueEpoch.objects.filter(pk=row.pk).update(rebuilt_at=timezone.now(),
+                                                        rebuilds=models.F("rebuilds") + 1)
+        restored = sum(result.figures(kind).restored + result.figures(kind).reminders_restored
+                       for kind in self.kinds)
+        logger.warning("Rebuilt the queue from the database: %d member(s) put back, the overdue due now.",
+                       restored)
+        return True
