@@ -48,9 +48,17 @@ def normal(t: Tuning) -> Bound:
 
 
 def consumer_death(t: Tuning) -> Bound:
-    """Its consumer died or froze mid-batch: the next claim after the lease takes the member."""
+    """Its consumer died or froze mid-batch: the next claim after its heartbeat (or, at the most,
+    its lease) ran out takes the batch over whole."""
     return Bound("consumer death", t.lease_seconds + SLACK,
                  f"LEASE {t.lease_seconds:g} + slack {SLACK:g}")
+
+
+def batch_of_a_killer(t: Tuning) -> Bound:
+    """Its batch held a member whose receiver kills or hangs its consumers: the batch is taken
+    over whole after the first death and dies again with that member, then each is taken alone."""
+    return Bound("consumer death, its batch taken over again", 2 * t.lease_seconds + SLACK,
+                 f"2 x LEASE {2 * t.lease_seconds:g} + slack {SLACK:g}")
 
 
 def hold_released(t: Tuning) -> Bound:

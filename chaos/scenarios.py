@@ -979,7 +979,7 @@ def receivers(lab: Lab) -> Story:
                           spaced=(heavy, every), cohort="well-behaved")
         fails, kills = bounds.receiver_fails_among_deaths(t), bounds.receiver_kills(t)
         story = lab.settle(Story([
-            Cohort("well-behaved", Expect.CLOSED, bounds.consumer_death(t)),
+            Cohort("well-behaved", Expect.CLOSED, bounds.batch_of_a_killer(t)),
             Cohort(B.RAISE, Expect.CLOSED_OR_DEAD, fails),
             Cohort(B.FLAKY, Expect.CLOSED_OR_DEAD, fails),
             Cohort(B.HANG, Expect.CLOSED_OR_DEAD, kills),
@@ -1010,7 +1010,7 @@ def hang_forever(lab: Lab) -> Story:
     with lab.consumers(CONSUMERS, **env), lab.beat(**env) as beat:
         lab.create_orders(spread=max(lab.sizes.spread, 9.0), spaced=([Role.Behaviour.HANG], 1.0))
         story = lab.settle(Story([
-            Cohort("orders", Expect.CLOSED, bounds.consumer_death(t)),
+            Cohort("orders", Expect.CLOSED, bounds.batch_of_a_killer(t)),
             Cohort(Role.Behaviour.HANG, Expect.CLOSED_OR_DEAD, bounds.receiver_kills(t)),
         ]))
         story.facts["scans still running at the end"] = beat.still_running

@@ -17,7 +17,7 @@ from django.utils.translation import gettext_lazy as _, ngettext
 from . import get_order_model
 from .conf import settings
 from .exceptions import QueueUnavailable, Refused
-from .models import DeadLetter, Deadline, Notice, Order, Reminder, TimeoutOverview
+from .models import DeadLetter, Deadline, Notice, Order, QueueEpoch, Reminder, TimeoutOverview
 from .reporting import overview
 from .timers import staff
 
@@ -289,6 +289,14 @@ class NoticeAdmin(ViewOnlyAdmin):
         if request.user.has_perm("order_timeout.requeue_deadletter"):
             return fields
         return [name for name in fields if name not in self.private_fields]
+
+
+@admin.register(QueueEpoch)
+class QueueEpochAdmin(ViewOnlyAdmin):
+    """Each queue's epoch, and how often a consumer rebuilt it after Redis lost it."""
+
+    list_display = ("queue", "epoch", "created_at", "rebuilt_at", "rebuilds")
+    ordering = ("queue",)
 
 
 @admin.register(TimeoutOverview)

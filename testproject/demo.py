@@ -141,7 +141,12 @@ def run(workdir: Path) -> int:
 
     print_report(Order, Expiry, start, {o.pk for o in extended})
     # The demo's keys have a prefix of their own: on a shared Redis it removes only those.
-    TimeoutQueue.from_settings().delete_all_keys()
+    # Every kind's queue: each holds an epoch marker (scans/recovery.py) even when empty.
+    from order_timeout.timers.registry import registry
+
+    queue = TimeoutQueue.from_settings()
+    for key_space in {queue.kind, *(kind.key_space for kind in registry.kinds())}:
+        (queue if key_space == queue.kind else queue.of_kind(key_space)).delete_all_keys()
     unpaid_left = Order.objects.filter(status=Order.Status.UNPAID).count()
     return 0 if unpaid_left == 0 else 1
 

@@ -10,6 +10,7 @@ heartbeat finds a marker gone while the row exists rebuilds the queue from the r
 from __future__ import annotations
 
 import pytest
+from django.urls import reverse
 
 from order_timeout.consumer import Consumer
 from order_timeout.models import QueueEpoch
@@ -83,3 +84,11 @@ def test_a_new_queue_is_marked_and_nothing_rebuilt(queue, make_order):
 
     assert state(forgotten) == "unpaid"
     assert {row.rebuilds for row in QueueEpoch.objects.all()} == {0}
+
+
+def test_staff_see_each_queues_epoch_and_its_rebuilds_in_the_admin(admin_client):
+    QueueEpoch.objects.create(queue="order_timeout:close", epoch="e1", rebuilds=2)
+
+    page = admin_client.get(reverse("admin:order_timeout_queueepoch_changelist"))
+
+    assert page.status_code == 200 and b"order_timeout:close" in page.content
