@@ -7,9 +7,10 @@ each queue keeps an epoch: a row in the database (``models.QueueEpoch``) and
 a marker on each of its shards in Redis. A consumer's heartbeat looks for the
 markers at every beat. A marker missing while the row exists means Redis
 lost the queue: the consumer rebuilds it at once, with the compensation
-scan's heal over every future deadline and every overdue row (no grace:
-nobody else has them), under the scan's lock, so one consumer rebuilds and
-the others go on closing what it puts back. Once it is done the markers are
+scan's heal: every future deadline put back, and every overdue row missing
+from Redis put back due (no grace: nobody else has them; an open dead letter
+is left to staff), under the scan's lock, so one consumer rebuilds and the
+others go on closing what it puts back. Once it is done the markers are
 set again. With no row the queue is new (a first deploy): the row and the
 markers are written, and nothing is rebuilt.
 
