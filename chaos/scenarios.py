@@ -141,17 +141,12 @@ def redis_aof(lab: Lab) -> Story:
 @scenario("redis-empty", "Redis killed and restarted empty (no persistence): healed by the scan "
                          "and --rebuild")
 def redis_empty(lab: Lab) -> Story:
-    t, redis = lab.tuning, lab.servers.redis
+    t = lab.tuning
     # Deadlines long enough after the loss that some are put back by --rebuild before they fall due.
     spread = lab.sizes.spread + 2 * t.compensation_interval
     with lab.consumers(CONSUMERS), lab.beat(rebuild=True) as beat:
         created = lab.create_orders(spread=spread, cohort="due before --rebuild")
-        lab.wait_until(_third_of_the_way(lab, created.first_deadline, lab.sizes.spread))
-        redis.kill()
-        time.sleep(OUTAGE_SECONDS / 2)
-        redis.start()
-        healed = lab.now()
-        came_back_empty = queueview.queued() == 0
+        healed, came_back_empty = _empty_redis_a_third_of_the_way(lab, created.first_deadline)
         rebuilt_at = _first_rebuild_after(beat, healed, timeout=3 * t.compensation_interval)
         restored = []
         if rebuilt_at is not None:
@@ -174,20 +169,26 @@ def redis_empty(lab: Lab) -> Story:
 @scenario("redis-empty-no-beat", "Redis killed and restarted empty mid-burst, no Celery beat: a "
                                  "consumer finds the queue's epoch gone and rebuilds it")
 def redis_empty_no_beat(lab: Lab) -> Story:
-    t, redis = lab.tuning, lab.servers.redis
+    t = lab.tuning
     with lab.consumers(CONSUMERS):
         created = lab.create_orders(spread=lab.sizes.spread, cohort="rebuilt by a consumer")
-        lab.wait_until(_third_of_the_way(lab, created.first_deadline, lab.sizes.spread))
-        redis.kill()
-        time.sleep(OUTAGE_SECONDS / 2)
-        redis.start()
-        healed = lab.now()
-        came_back_empty = queueview.queued() == 0
+        healed, came_back_empty = _empty_redis_a_third_of_the_way(lab, created.first_deadline)
         story = lab.settle(Story([
             Cohort("rebuilt by a consumer", Expect.CLOSED, bounds.redis_emptied(t, OUTAGE_SECONDS / 2)),
         ], heal_at=healed))
     story.checks += [Check("Redis came back empty", came_back_empty)]
     return story
+
+
+def _empty_redis_a_third_of_the_way(lab: Lab, first_deadline: datetime) -> tuple[datetime, bool]:
+    """Kill Redis (no persistence) a third of the way through the deadlines and start it again
+    empty; returns when it answered again, and whether it came back with nothing queued."""
+    redis = lab.servers.redis
+    lab.wait_until(_third_of_the_way(lab, first_deadline, lab.sizes.spread))
+    redis.kill()
+    time.sleep(OUTAGE_SECONDS / 2)
+    redis.start()
+    return lab.now(), queueview.queued() == 0
 
 
 def _first_rebuild_after(beat: object, moment: datetime, timeout: float) -> datetime | None:
