@@ -64,14 +64,15 @@ def check_redis_alias(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
 
 @checks.register(checks.Tags.compatibility, TAG)
 def check_grace(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """The scan's grace must outlast a lease and every retry, or it races the consumer."""
-    needed = settings.LEASE_SECONDS + sum(settings.RETRY_DELAYS)
+    """The scan's grace must outlast a batch in hand and every retry, or it races the consumer."""
+    needed = settings.longest_in_hand() + sum(settings.RETRY_DELAYS)
     if settings.COMPENSATION_GRACE >= needed:
         return []
     return [checks.Warning(
         f"ORDER_TIMEOUT['COMPENSATION_GRACE'] is {settings.COMPENSATION_GRACE:g}s, shorter than "
-        f"LEASE_SECONDS plus the RETRY_DELAYS ({needed:g}s): when Redis cannot tell it what the "
-        "consumers hold, the scan runs the receivers of orders a consumer is still retrying.",
+        f"the longer of BATCH_TIME_LIMIT and LEASE_SECONDS plus the RETRY_DELAYS ({needed:g}s): "
+        "when Redis cannot tell it what the consumers hold, the scan runs the receivers of orders a "
+        "consumer is still retrying.",
         hint=f"Set COMPENSATION_GRACE to {needed:g} or more.",
         id="order_timeout.W004",
     )]
@@ -86,8 +87,8 @@ def check_heartbeat(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
         f"ORDER_TIMEOUT['HEARTBEAT_SECONDS'] is {settings.HEARTBEAT_SECONDS:g}s, not shorter than "
         f"LEASE_SECONDS ({settings.LEASE_SECONDS:g}s): a dead consumer's batch waits out its lease "
         "before anyone takes it over, as if there were no heartbeat.",
-        hint="Keep HEARTBEAT_SECONDS a few seconds (the default is 1.5) and LEASE_SECONDS the "
-             "longest a batch may run.",
+        hint="Keep HEARTBEAT_SECONDS a few seconds (the default is 1.5); the longest a batch may "
+             "run is BATCH_TIME_LIMIT.",
         id="order_timeout.W013",
     )]
 
@@ -116,17 +117,18 @@ def check_order_model(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
 
 @checks.register(checks.Tags.compatibility, TAG)
 def check_notice_handlers(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """A notice handler's timeout must end well inside LEASE_SECONDS: a batch of notices is given up
-    (and its consumer exits 75) when it is still in hand a lease after its claim."""
+    """A notice handler's timeout must end well inside BATCH_TIME_LIMIT: a batch of notices is given
+    up (and its consumer exits 75) when it is still in hand that long after its claim."""
     from .notices.registry import handlers
 
-    longest = settings.LEASE_SECONDS / 2
+    limit = settings.batch_time_limit()
+    longest = limit / 2
     return [checks.Warning(
         f"Notice handler {name!r} has a timeout of {handlers.get(name).timeout:g} s, more than half of "
-        f"LEASE_SECONDS ({settings.LEASE_SECONDS:g} s): one slow delivery would cost its batch its lease "
+        f"BATCH_TIME_LIMIT ({limit:g} s): one slow delivery would cost its batch its time "
         "(given up, its consumer exiting 75) before its own timeout ends it.",
         hint=f"Give it a timeout of at most {longest:g} s (notices.handler(..., timeout=...)), or raise "
-             "LEASE_SECONDS.",
+             "BATCH_TIME_LIMIT.",
         id="order_timeout.W012") for name in handlers.names() if handlers.get(name).timeout > longest]
 
 

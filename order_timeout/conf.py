@@ -35,11 +35,15 @@ DEFAULTS: dict[str, Any] = {
     "DEFAULT_TIMEOUT": 1800,
     # Most members one claim takes; bounds how long one script call holds Redis.
     "BATCH_SIZE": 200,
-    # Seconds a claimed member stays leased before another consumer may take it
-    # over (its consumer is presumed dead). It also bounds a batch: its
-    # transaction cannot hold row locks much longer (the consumer's database
-    # session times out, and a batch still running then is given up).
+    # Seconds a claimed member stays leased, unrenewed, before another consumer may take it over
+    # though its holder's heartbeat cannot be read (a consumer of 0.2, a heartbeat key lost): the
+    # fallback liveness. A live consumer renews it every third of this while its batch runs.
     "LEASE_SECONDS": 30,
+    # Seconds a batch may run from its claim: its transaction cannot hold row locks much longer
+    # (the consumer's database session times out, and a batch still running then is given up,
+    # its consumer exiting 75 if a receiver is stuck outside the database). The same bound for
+    # the compensation scan's chunks and the admin's close-now. None: LEASE_SECONDS.
+    "BATCH_TIME_LIMIT": None,
     # Seconds a running consumer is presumed alive after its last heartbeat (it beats every
     # third of this). Once they pass, its batches are handed to the next claims at once: a
     # SIGKILLed or frozen consumer costs about this much, not LEASE_SECONDS. Longer than any
@@ -252,6 +256,11 @@ def _bool(key: str, value: Any) -> None:
         raise _setting_error(key, f"must be True or False, got {value!r}.")
 
 
+def _optional_positive_number(key: str, value: Any) -> None:
+    if value is not None:
+        _positive_number(key, value)
+
+
 def _optional_non_negative_number(key: str, value: Any) -> None:
     if value is not None:
         _non_negative_number(key, value)
@@ -316,6 +325,7 @@ VALIDATORS: dict[str, Callable[[str, Any], None]] = {
     "DEFAULT_TIMEOUT": _positive_number,
     "BATCH_SIZE": _batch_size,
     "LEASE_SECONDS": _positive_number,
+    "BATCH_TIME_LIMIT": _optional_positive_number,
     "HEARTBEAT_SECONDS": _positive_number,
     "MAX_TAKEOVERS": _positive_int,
     "SCHEDULE_TIMEOUT": _positive_number,
@@ -383,6 +393,16 @@ class OrderTimeoutSettings:
         """Whether the app's own order close runs (``ORDER_MODEL`` is not None)."""
         return self.load()["ORDER_MODEL"] is not None
 
+
+    def batch_time_limit(self) -> float:
+        """Seconds a batch may run from its claim: ``BATCH_TIME_LIMIT``, or ``LEASE_SECONDS``."""
+        values = self.load()
+        limit = values["BATCH_TIME_LIMIT"]
+        return float(values["LEASE_SECONDS"] if limit is None else limit)
+
+    def longest_in_hand(self) -> float:
+        """Seconds a claimed member may stay with one holder: a live one's time limit, a dead one's lease."""
+        return max(self.batch_time_limit(), float(self.LEASE_SECONDS))
 
     def hold_condition(self) -> Q | None:
         """The hold condition as a Q (a dotted path's callable is called now), or None.

@@ -140,6 +140,7 @@ class Consumer:
         max_wait: float | None = None,
         batch_window: float | None = None,
         lease_seconds: float | None = None,
+        batch_time_limit: float | None = None,
         heartbeat_seconds: float | None = None,
         now: Callable[[], datetime] | None = None,
         follow_database_clock: bool = True,
@@ -168,6 +169,10 @@ class Consumer:
         self.batch_window = batch_window if batch_window is not None else settings.BATCH_WINDOW
         self.lease_seconds = lease_seconds if lease_seconds is not None else settings.LEASE_SECONDS
         self.lease_ms = round(1000 * self.lease_seconds)
+        # A lease given here (a test's short one) is the limit too, unless a limit is given.
+        self.batch_time_limit = (batch_time_limit if batch_time_limit is not None
+                                 else settings.BATCH_TIME_LIMIT if settings.BATCH_TIME_LIMIT is not None
+                                 else self.lease_seconds)
         self.heartbeat_seconds = (heartbeat_seconds if heartbeat_seconds is not None
                                   else settings.HEARTBEAT_SECONDS)
         self.exit_when_stuck = exit_when_stuck
@@ -178,7 +183,7 @@ class Consumer:
         self.using = (router.db_for_write(self.model) if self.model is not None
                       else self.kinds[0].using if self.kinds else DEFAULT_DB_ALIAS)
         self.clock = DatabaseClock(now, follow_database=follow_database_clock)
-        self.watch = BatchWatch(self.lease_seconds)
+        self.watch = BatchWatch(self.batch_time_limit)
         self.lifecycle = Lifecycle(clock=self.clock, watch=self.watch, metrics=self.metrics,
                                    retry_delays_ms=[round(1000 * delay) for delay in settings.RETRY_DELAYS],
                                    max_takeovers=settings.MAX_TAKEOVERS, lease_ms=self.lease_ms)
@@ -301,7 +306,8 @@ class Consumer:
         heartbeat = Heartbeat(self.lanes, self.consumer_id, self.heartbeat_seconds, self._wall_ms,
                               on_handed=self._woken, on_epoch_missing=self._queue_lost)
         guard = self.watch.guard = LeaseGuard(self.queue, self.lease_seconds, lambda: now_score(self.clock()),
-                                              on_stuck=self._exit_stuck if self.exit_when_stuck else None)
+                                              on_stuck=self._exit_stuck if self.exit_when_stuck else None,
+                                              time_limit=self.batch_time_limit)
         try:
             if self.clock.follow_database:
                 try:

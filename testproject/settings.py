@@ -115,8 +115,8 @@ ORDER_TIMEOUT: dict[str, Any] = {
     "ORDER_MODEL": os.environ.get("ORDER_TIMEOUT_ORDER_MODEL", "order_timeout.Order"),
 }
 # Tests that run the consumer or a Celery worker in another process tune them here.
-for _key in ("LEASE_SECONDS", "HEARTBEAT_SECONDS", "MAX_WAIT", "BATCH_WINDOW", "COMPENSATION_GRACE",
-             "COMPENSATION_INTERVAL"):
+for _key in ("LEASE_SECONDS", "BATCH_TIME_LIMIT", "HEARTBEAT_SECONDS", "MAX_WAIT", "BATCH_WINDOW",
+             "COMPENSATION_GRACE", "COMPENSATION_INTERVAL"):
     if f"ORDER_TIMEOUT_{_key}" in os.environ:
         ORDER_TIMEOUT[_key] = float(os.environ[f"ORDER_TIMEOUT_{_key}"])
 if "ORDER_TIMEOUT_SHARDS" in os.environ:

@@ -158,6 +158,49 @@ def test_a_hung_receiver_releases_its_row_locks_within_the_lease_and_a_payment_g
     assert worker.stats.closed == 0
 
 
+@both_models
+def test_a_batch_over_its_time_limit_is_given_up_however_long_its_lease(
+        make_order, order_model, held_receiver, settings, queue):
+    """BATCH_TIME_LIMIT, not the lease, ends a batch that overruns: its row locks go and a payment
+    waiting on them gets its answer, with an hour's lease."""
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "LEASE_SECONDS": 3600, "BATCH_TIME_LIMIT": 2}
+    order = make_order(in_seconds=-1)
+
+    worker = Consumer(max_wait=0.05)
+    with running(worker):
+        wait_for(held_receiver.inside.is_set)
+        paid = order_model.objects.get(pk=order.pk).mark_paid()  # waits for the close's row lock
+        held_receiver.release.set()
+        wait_for(lambda: pending_count(queue) == 0 and leased_members(queue) == [])
+
+    assert paid is True and state(order) == "paid"
+    assert expiries(order) == 0 and worker.stats.closed == 0
+
+
+@both_models
+def test_a_live_consumer_keeps_a_batch_past_its_lease_until_the_batch_time_limit(
+        make_order, order_model, held_receiver, settings, queue):
+    """A slow receiver in a live consumer keeps its batch: the guard renews the lease past
+    LEASE_SECONDS until BATCH_TIME_LIMIT, so another consumer claims none of it meanwhile."""
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "LEASE_SECONDS": 1, "BATCH_TIME_LIMIT": 60}
+    order = make_order(in_seconds=-1)
+    slow, other = Consumer(max_wait=0.05), Consumer(max_wait=0.05)
+
+    with running(slow):
+        wait_for(held_receiver.inside.is_set)
+        started = time.monotonic()
+        taken = []
+        while time.monotonic() - started < 3:  # three leases
+            taken += other.claim(other.clock()).members
+            time.sleep(0.2)
+        held_receiver.release.set()
+        wait_for(lambda: pending_count(queue) == 0 and leased_members(queue) == [])
+
+    assert taken == []
+    assert state(order) == "closed" and expiries(order) == 1
+    assert slow.stats.closed == 1
+
+
 def test_a_batch_that_finished_as_its_lease_ran_out_keeps_its_session(queue):
     """The guard chose to give the batch up just as it finished: the session has moved on, untouched."""
     guard = LeaseGuard(queue, 30, lambda: 0)
@@ -186,18 +229,21 @@ def close_by_staff(order):
 
 
 @both_models
+@pytest.mark.parametrize("limits", [{"LEASE_SECONDS": 2}, {"LEASE_SECONDS": 3600, "BATCH_TIME_LIMIT": 2}],
+                         ids=["lease", "time-limit"])
 @pytest.mark.parametrize("close", [close_by_scan, close_by_staff], ids=["compensation-scan", "close-now"])
-def test_a_receiver_hung_outside_a_consumer_releases_its_row_locks_within_the_lease(
-        make_order, order_model, held_receiver, settings, close):
-    """The scan (a Celery worker) and an admin's close-now bound their row locks like a consumer."""
-    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "LEASE_SECONDS": 2}
+def test_a_receiver_hung_outside_a_consumer_releases_its_row_locks_within_the_time_limit(
+        make_order, order_model, held_receiver, settings, close, limits):
+    """The scan (a Celery worker) and an admin's close-now bound their row locks like a consumer:
+    by BATCH_TIME_LIMIT, by default the lease."""
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, **limits}
     order = make_order(in_seconds=-600)
 
     closer = threading.Thread(target=lambda: close_quietly(close, order), name="the closer")
     closer.start()
     try:
         wait_for(held_receiver.inside.is_set)
-        # Waits for the close's row lock, which LEASE_SECONDS bounds.
+        # Waits for the close's row lock, which BATCH_TIME_LIMIT bounds.
         paid = order_model.objects.get(pk=order.pk).mark_paid()
     finally:
         held_receiver.release.set()

@@ -56,6 +56,7 @@ def test_defaults_apply_when_the_setting_is_absent(no_order_timeout_setting):
     ("LEASE_SECONDS", -1), ("LEASE_SECONDS", None), ("MAX_WAIT", 0), ("DEFAULT_TIMEOUT", "30m"),
     ("KEY_PREFIX", ""), ("KEY_PREFIX", "a{b}"), ("REDIS_ALIAS", ""), ("ORDER_MODEL", "Order"),
     ("BATCH_WINDOW", -0.001), ("BATCH_WINDOW", 2), ("BATCH_WINDOW", "3ms"),
+    ("BATCH_TIME_LIMIT", 0), ("BATCH_TIME_LIMIT", "30s"),
 ])
 def test_bad_value_raises_improperly_configured_naming_the_key(settings, key, value):
     settings.ORDER_TIMEOUT = {key: value}

@@ -315,8 +315,8 @@ class CompensationScan:
         queue = self.queue_of(kind)
         self._bookkeep(queue, "start_scanning", members)
         # A receiver that hangs here must not hold these rows locked for long:
-        # the database ends the transaction after LEASE_SECONDS, as for a consumer.
-        with limited_session(kind.using, settings.LEASE_SECONDS), self._watch(len(members)) as dog:
+        # the database ends the transaction after BATCH_TIME_LIMIT, as for a consumer.
+        with limited_session(kind.using, settings.batch_time_limit()), self._watch(len(members)) as dog:
             outcome = act_on(kind, list(members.values()), progress=dog.pet if dog else None)
         figures.closed += len(outcome.acted)
         figures.skipped_paid += len(outcome.settled) + len(outcome.kept)
@@ -377,12 +377,13 @@ class CompensationScan:
 
         Petted after every row's receivers (every kind's act does): a chunk
         that is slow because it is large keeps going; one stuck on a row does
-        not. The database ends a transaction idle for LEASE_SECONDS; a receiver
+        not. The database ends a transaction idle for BATCH_TIME_LIMIT; a receiver
         still in hand a while later is stuck outside it, for good.
         """
         if not self.exit_when_stuck:
             return nullcontext()
-        seconds = settings.LEASE_SECONDS + stuck_after(settings.LEASE_SECONDS)
+        limit = settings.batch_time_limit()
+        seconds = limit + stuck_after(limit)
 
         def stuck() -> None:
             logger.critical(

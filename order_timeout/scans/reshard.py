@@ -48,7 +48,7 @@ class Reshard:
                         for kind in (kinds if kinds is not None else registry.kinds())]
         self.new, self.old = self.layouts[0]
         self.dry_run = dry_run
-        self.wait_seconds = settings.LEASE_SECONDS + 5 if wait_seconds is None else wait_seconds
+        self.wait_seconds = settings.longest_in_hand() + 5 if wait_seconds is None else wait_seconds
         self.clock_ms = clock_ms or now_score_now
         self.result = ReshardResult(old_shards, len(self.new.shards), dry_run=dry_run)
 

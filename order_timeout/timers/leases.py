@@ -2,17 +2,17 @@
 
 A live consumer renews the leases of a batch still in progress every third of
 ``LEASE_SECONDS``, so nobody takes its members over while it works. A batch
-still running ``LEASE_SECONDS`` after its claim is given up: its database
+still running ``BATCH_TIME_LIMIT`` after its claim is given up: its database
 session is ended (the transaction rolls back and its row locks go, even if a
 receiver hangs in Python) and its leases are handed to the next claim at
 once, which takes the batch over (member by member if it dies again). A frozen consumer renews
-nothing: its leases run out, and the server's session limits end its
-transaction. A batch with no session to name (``session_id`` gives none
+nothing: its heartbeat stops (see ``heartbeats``), and the server's session
+limits end its transaction. A batch with no session to name (``session_id`` gives none
 behind a transaction pooler, where a backend pid is not ours to end) is
 handed over all the same; the limits its transaction set end it server-side.
 
 A receiver stuck in Python (no database call to fail) keeps its thread even
-after that; no thread can be stopped from outside. A third of a lease (at
+after that; no thread can be stopped from outside. A third of the time limit (at
 least a second) after the give-up the guard reports it stuck, and
 ``run_timeout_consumer`` exits (``stuck.EXIT_STUCK``) so its supervisor
 starts a fresh one; the culprit's next consumers do the same until
@@ -63,9 +63,12 @@ class LeaseGuard:
 
     def __init__(self, queue: TimeoutQueue, lease_seconds: float, clock_ms: Callable[[], int],
                  on_stuck: Callable[[WatchedBatch], None] | None = None,
-                 end_session: Callable[[str, Any], bool] = end_session) -> None:
+                 end_session: Callable[[str, Any], bool] = end_session,
+                 time_limit: float | None = None) -> None:
         self.queue = queue
         self.lease_seconds = lease_seconds
+        # How long a batch may run from its claim (BATCH_TIME_LIMIT); None: its lease.
+        self.time_limit = lease_seconds if time_limit is None else time_limit
         self.clock_ms = clock_ms
         self.on_stuck = on_stuck
         self.end_session = end_session
@@ -83,7 +86,7 @@ class LeaseGuard:
         A batch given up must close its database connection once it leaves
         (the guard ends that session; nothing else may run on it).
         """
-        batch = WatchedBatch(token, members, time.monotonic() + self.lease_seconds, session, using,
+        batch = WatchedBatch(token, members, time.monotonic() + self.time_limit, session, using,
                              queue=queue)
         with self._lock:
             self._batch = batch
@@ -118,7 +121,7 @@ class LeaseGuard:
     def _step(self) -> None:
         """One look at the batch in hand: renew its leases, give it up, or report it stuck."""
         renew_every = self.lease_seconds / 3
-        stuck_seconds = stuck_after(self.lease_seconds)
+        stuck_seconds = stuck_after(self.time_limit)
         with self._lock:
             batch = self._batch
         if batch is None or batch.reported_stuck:
@@ -165,9 +168,9 @@ class LeaseGuard:
             batch.given_up.set()
             batch.given_up_at = time.monotonic()
         logger.warning(
-            "Batch of %d still running after LEASE_SECONDS (%gs): giving it up; %s, and its "
+            "Batch of %d still running after BATCH_TIME_LIMIT (%gs): giving it up; %s, and its "
             "members are taken over as a batch, then one at a time if it dies again.",
-            len(batch.members), self.lease_seconds,
+            len(batch.members), self.time_limit,
             "its database session is ended" if batch.session is not None
             else "its transaction is left to the server's time limits")
         if batch.session is not None:

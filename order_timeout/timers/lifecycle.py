@@ -147,7 +147,7 @@ class Lifecycle:
         act, and a dead letter would send staff after a row that needs nobody.
         """
         error = RepeatedTakeover(
-            f"Its consumer died, froze or overran LEASE_SECONDS with it {claim.takeovers} times "
+            f"Its consumer died, froze or overran BATCH_TIME_LIMIT with it {claim.takeovers} times "
             "(a receiver that exits the process, runs out of memory or hangs?); not tried again.")
         failures = [Failure(key, claim.takeovers, now_score(now), error) for key in by_key]
         burial = self.retrier.give_up(kind, queue, claim.token, failures, by_key, now)

@@ -147,7 +147,7 @@ def close_now(letters: Iterable[DeadLetter], user: Any, now: datetime,
     for kind, group in _open_by_kind(letters):
         by_key = {_key(kind, letter): letter for letter in group}
         # Bounded like a consumer's act: a hung receiver cannot keep the rows locked.
-        with limited_session(kind.using, settings.LEASE_SECONDS):
+        with limited_session(kind.using, settings.batch_time_limit()):
             outcome = act_on(kind, list(by_key))
         with transaction.atomic(using=letters_database()):
             for key in outcome.acted:

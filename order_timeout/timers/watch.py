@@ -1,7 +1,7 @@
 """The watch over the batch in hand: its database session limited, its leases kept or given up.
 
 Around every act of a consumer (whatever the kind): the session the act runs
-on is limited to ``LEASE_SECONDS`` (once per connection; behind a transaction
+on is limited to ``BATCH_TIME_LIMIT`` (once per connection; behind a transaction
 pooler, per transaction), and under ``run()`` the lease guard renews the
 batch's leases while it works and gives it up when it overruns, and the
 heartbeat records the session, for the consumer that finds this one dead to
@@ -22,8 +22,8 @@ from .leases import LeaseGuard, WatchedBatch
 
 
 class BatchWatch:
-    def __init__(self, lease_seconds: float) -> None:
-        self.lease_seconds = lease_seconds
+    def __init__(self, time_limit: float) -> None:
+        self.time_limit = time_limit
         # Set by the consumer while it runs (no guard outside ``run()``: a test's single batch).
         self.guard: LeaseGuard | None = None
         # Told the session each batch runs on (the heartbeat records it, for whoever finds this
@@ -37,7 +37,7 @@ class BatchWatch:
         connection = connections[using]
         connection.ensure_connection()
         if connection.connection is not self._limited.get(using):
-            limit_session(connection, self.lease_seconds)
+            limit_session(connection, self.time_limit)
             self._limited[using] = connection.connection
             self._identity.pop(using, None)
         if self.on_session is not None:

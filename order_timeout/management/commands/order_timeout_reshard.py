@@ -23,7 +23,7 @@ class Command(BaseCommand):
         parser.add_argument("--dry-run", action="store_true", help="Count; move nothing.")
         parser.add_argument("--wait", type=seconds, default=None, metavar="SECONDS",
                             help="How long to wait for leases still live in the old layout "
-                                 "(default: LEASE_SECONDS + 5).")
+                                 "(default: the longer of BATCH_TIME_LIMIT and LEASE_SECONDS, + 5).")
 
     def handle(self, *args: Any, **options: Any) -> None:
         old = options["old_shards"]
