@@ -95,12 +95,13 @@ REBUILD = 2.0
 
 
 def redis_emptied(t: Tuning, outage_seconds: float) -> Bound:
-    """Redis came back empty, no beat running: a consumer's heartbeat finds the queue's epoch
-    marker gone within a third of HEARTBEAT_SECONDS, and that consumer, once its backoff from
+    """Redis came back empty (or older: from a snapshot), no beat running: a consumer's heartbeat
+    finds the queue's epoch marker gone (or stamped by another server) within a third of
+    HEARTBEAT_SECONDS, and that consumer, once its backoff from
     the outage ends, rebuilds the queue from the rows (scans/recovery.py). From the heal."""
     backoff = min(outage_seconds + ERROR_BACKOFF_FIRST, ERROR_BACKOFF_MAX)
     beat = t.heartbeat_seconds / 3
-    return Bound("Redis came back empty, rebuilt by a consumer", backoff + beat + REBUILD + SLACK,
+    return Bound("Redis came back empty or older, rebuilt by a consumer", backoff + beat + REBUILD + SLACK,
                  f"backoff {backoff:.1f} + HEARTBEAT/3 {beat:.1f} + rebuild {REBUILD:g} + slack {SLACK:g}",
                  from_heal=True)
 

@@ -55,6 +55,12 @@ def inject_poison(due: datetime, tag: str) -> int:
     return 2 * len(queue.shards)
 
 
+def snapshot() -> None:
+    """SAVE: the queue's Redis writes all it holds to disk now, and a restart loads that back: the
+    copy a replica holds that missed every write after it."""
+    _queue().client.save()
+
+
 def flush() -> None:
     """FLUSHDB of the queue's Redis database: every member of every kind gone at once, the rows
     untouched (what an operator's FLUSHDB, or a cache.clear() on the queue's alias, does)."""

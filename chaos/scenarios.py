@@ -38,6 +38,8 @@ CONSUMERS = 4
 # How long Redis or MariaDB stays down (or frozen) in the outage scenarios.
 OUTAGE_SECONDS = 2.0
 HUNG_SECONDS = 3.0
+# How long Redis takes writes after its snapshot before it falls back to it (failover-lost-writes).
+LOST_WRITES_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,39 @@ def redis_empty_no_beat(lab: Lab) -> Story:
             Cohort("rebuilt by a consumer", Expect.CLOSED, bounds.redis_emptied(t, OUTAGE_SECONDS / 2)),
         ], heal_at=healed))
     story.checks += [Check("Redis came back empty", came_back_empty)]
+    return story
+
+
+@scenario("failover-lost-writes", "Redis falls back to a copy from before its last second of writes "
+                                  "mid-burst (killed, started from its last snapshot, as a replica that "
+                                  "missed them is promoted), no Celery beat: a consumer finds the "
+                                  "queue's epoch stamped by another server and rebuilds it")
+def failover_lost_writes(lab: Lab) -> Story:
+    t, redis = lab.tuning, lab.servers.redis
+    with lab.consumers(CONSUMERS):
+        created = lab.create_orders(spread=lab.sizes.spread, cohort="queued before the snapshot")
+        lab.wait_until(_third_of_the_way(lab, created.first_deadline))
+        queueview.snapshot()
+        # The writes the copy misses: these orders' deadlines, and the claims and acks meanwhile.
+        missed = lab.create_orders(count=max(20, lab.sizes.orders // 10), lead=2.0, spread=1.0,
+                                   cohort="written after the snapshot")
+        time.sleep(LOST_WRITES_SECONDS)
+        redis.kill()
+        time.sleep(OUTAGE_SECONDS / 2)
+        redis.start()
+        healed = lab.now()
+        lost = len(missed.ids) - len(queueview.present_among(queueview.member_of(pk) for pk in missed.ids))
+        bound = bounds.redis_emptied(t, OUTAGE_SECONDS / 2)
+        story = lab.settle(Story([Cohort("queued before the snapshot", Expect.CLOSED, bound),
+                                  Cohort("written after the snapshot", Expect.CLOSED, bound)],
+                                 heal_at=healed))
+    rebuilt = sum(QueueEpoch.objects.values_list("rebuilds", flat=True))
+    story.checks += [
+        Check("Redis came back without writes made after its snapshot", lost > 0,
+              f"{lost} of {len(missed.ids)} deadlines missing"),
+        Check("a consumer rebuilt the queue", rebuilt > 0, f"{rebuilt} rebuilds"),
+    ]
+    story.facts["deadlines Redis lost with its last writes"] = lost
     return story
 
 

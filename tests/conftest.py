@@ -422,6 +422,14 @@ class PrivateRedis:
             shutil.rmtree(self.directory, ignore_errors=True)
             self.directory = None
 
+    def crash_to_last_save(self) -> None:
+        """SIGKILL it and start it again from its last ``SAVE``: back with an older copy, as after a
+        failover to a replica that missed the last writes (a new run id, the same address)."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(time_left())
+        self.start()
+
     def _answers(self) -> bool:
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):

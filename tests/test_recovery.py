@@ -12,8 +12,10 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
+from order_timeout import unschedule
 from order_timeout.consumer import Consumer
 from order_timeout.models import QueueEpoch
+from order_timeout.queue import TimeoutQueue
 from order_timeout.timers.members import deadline_score
 
 from .conftest import both_models, both_redis, flush_cluster, running, wait_for
@@ -70,6 +72,48 @@ def test_a_queue_redis_loses_while_consumers_run_gets_its_future_deadlines_back_
 
         wait_for(lambda: marked(worker) and all(score_of(queue, str(order.pk)) for order in future))
     assert all(score_of(queue, str(order.pk)) == deadline_score(order.expires_at) for order in future)
+
+
+@both_models
+def test_a_redis_back_from_a_snapshot_that_missed_the_last_writes_is_rebuilt_at_once(
+        private_redis, make_order, order_model):
+    """The epoch marker survives a failover to a replica that missed the last second of writes (or
+    a restart from the last snapshot); its stamp, the run id of the server that wrote it, does not.
+    The deadlines scheduled after the snapshot close, and those before keep their scores."""
+    worker = Consumer(max_wait=0.2)
+    queue = TimeoutQueue.from_settings()
+    with running(worker):
+        wait_for(lambda: marked(worker))
+        before = [make_order(in_seconds=3600) for _ in range(3)]
+        queue.client.save()
+        missed = [make_order(in_seconds=1) for _ in range(5)]
+        assert all(score_of(queue, str(order.pk)) for order in missed)
+
+        private_redis.crash_to_last_save()
+
+        wait_for(lambda: count_in(order_model, "closed") == 5 and marked(worker))
+    assert [expiries(order) for order in missed] == [1] * 5
+    assert all(score_of(queue, str(order.pk)) == deadline_score(order.expires_at) for order in before)
+    assert {row.rebuilds for row in QueueEpoch.objects.all()} == {1}  # each queue once
+
+
+@both_redis
+def test_a_marker_stamped_by_another_server_has_the_queue_rebuilt_and_stamped_again(
+        queue, make_order, redis_backend):
+    """A replica promoted over its master holds the master's stamp: the queue is rebuilt once (the
+    deadline it never got is back) and its markers stamped by the server that holds them now."""
+    worker = Consumer(max_wait=0.2)
+    with running(worker):
+        wait_for(lambda: marked(worker))
+        row = QueueEpoch.objects.get(queue=f"{queue.prefix}:{queue.kind}")
+        order = make_order(in_seconds=3600)
+        unschedule([order])  # the write the replica missed
+        for shard in queue.shards:
+            shard.client.set(shard.keys.epoch, f"{row.epoch} {'0' * 40}")  # the old master's stamp
+
+        wait_for(lambda: marked(worker) and score_of(queue, str(order.pk)))
+    assert score_of(queue, str(order.pk)) == deadline_score(order.expires_at)
+    assert QueueEpoch.objects.get(pk=row.pk).rebuilds == 1
 
 
 def test_a_new_queue_is_marked_and_nothing_rebuilt(queue, make_order):

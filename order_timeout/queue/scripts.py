@@ -7,7 +7,7 @@ from importlib import resources
 
 # Every script the queue runs (lua/<name>.lua).
 SCRIPT_NAMES = ("schedule", "claim", "forget", "reschedule", "retry", "renew", "move_out", "positions",
-                "renew_lock", "release_lock", "quarantine", "take", "heartbeat")
+                "renew_lock", "release_lock", "quarantine", "take", "heartbeat", "epoch")
 
 
 @functools.cache

@@ -352,9 +352,13 @@ class Shard:
                 args=[now_ms, consumer, "" if until_ms is None else until_ms, session])
         return Beat(int(reply[0]), [_text(found) for found in reply[2:]], epoch_missing=bool(int(reply[1])))
 
-    def mark_epoch(self, epoch: str) -> None:
-        with redis_errors("mark the epoch"):
-            self.client.set(self.keys.epoch, epoch)
+    def epoch(self, op: str = "read", epoch: str = "") -> tuple[str, bool]:
+        """The epoch this shard's marker holds ("" for none), and whether this server stamped it
+        (False: Redis restarted from a snapshot, or a replica took over); ``op`` "mark" sets it
+        first, "claim" sets it unless set (lua/epoch.lua)."""
+        with redis_errors(f"{op} the epoch"):
+            held, here = self.scripts["epoch"](keys=[self.keys.epoch], args=[op, epoch])
+        return _text(held), bool(int(here))
 
     def renew(self, token: str, members: Sequence[str], until_ms: int) -> int:
         moved = 0
@@ -592,24 +596,33 @@ class TimeoutQueue:
     def mark_epoch(self, epoch: str) -> None:
         """Set the epoch marker on every shard: the queue is set up (or rebuilt) as of ``epoch``."""
         for shard in self.shards:
-            shard.mark_epoch(epoch)
+            shard.epoch("mark", epoch)
 
     def claim_epoch(self, candidate: str) -> str:
         """The queue's epoch in Redis, ``candidate`` if it had none: set on the first shard unless
         set (the consumers setting a new queue up at once agree on the first one's), then on the
         others unless set. Returns the epoch the first shard holds."""
-        first = self.shards[0]
-        with redis_errors("set the epoch up"):
-            first.client.set(first.keys.epoch, candidate, nx=True)
-            epoch = _text(first.client.get(first.keys.epoch) or candidate.encode())
-            for shard in self.shards[1:]:
-                shard.client.set(shard.keys.epoch, epoch, nx=True)
+        epoch = self.shards[0].epoch("claim", candidate)[0] or candidate
+        for shard in self.shards[1:]:
+            shard.epoch("claim", epoch)
         return epoch
 
+    def epoch_trouble(self, epoch: str) -> str | None:
+        """None when every shard holds the marker of ``epoch``, stamped by the server holding it;
+        else what a shard shows: "gone" (Redis lost the queue), or "moved" (a Redis restarted from
+        a snapshot, or a replica promoted: the writes it missed are lost)."""
+        trouble = None
+        for shard in self.shards:
+            held, here = shard.epoch()
+            if held != epoch:
+                return "gone"
+            if not here:
+                trouble = "moved"
+        return trouble
+
     def epoch_intact(self, epoch: str) -> bool:
-        """Whether every shard holds the marker of ``epoch``."""
-        with redis_errors("read the epoch"):
-            return all(_text(shard.client.get(shard.keys.epoch) or b"") == epoch for shard in self.shards)
+        """Whether every shard holds the marker of ``epoch``, stamped by its own server."""
+        return self.epoch_trouble(epoch) is None
 
     def release_lock(self, token: str) -> bool:
         with redis_errors("release the compensation lock"):

@@ -1,12 +1,17 @@
 """A queue Redis lost, rebuilt from the rows by a consumer within seconds, with no Celery beat.
 
 Redis can come back empty: a restart without persistence, a failover to a
-replica that had nothing, a FLUSHDB by mistake. Every consumer then stays
-connected, idle, and the compensation scan would heal it minutes later. So
+replica that had nothing, a FLUSHDB by mistake. Or it comes back with an
+older copy: restarted from its last snapshot, or a replica promoted that
+missed the master's last writes. Every consumer then stays connected, idle
+for what was lost, and the compensation scan would heal it minutes later. So
 each queue keeps an epoch: a row in the database (``models.QueueEpoch``) and
-a marker on each of its shards in Redis. A consumer's heartbeat looks for the
-markers at every beat. A marker missing while the row exists means Redis
-lost the queue: the consumer rebuilds it at once, with the compensation
+a marker on each of its shards in Redis, stamped with the run id of the
+server that wrote it. A consumer's heartbeat looks at the markers at every
+beat. A marker missing while the row exists means Redis lost the queue; one
+stamped by another server, that it may have lost its last writes (where INFO
+is refused to the queue's user, only the first is seen). Either way the
+consumer rebuilds it at once, with the compensation
 scan's heal: every future deadline put back, and every overdue row missing
 from Redis put back due (no grace: nobody else has them; an open dead letter
 is left to staff), under the scan's lock, so one consumer rebuilds and the
@@ -35,6 +40,13 @@ from .compensation import CompensationScan
 logger = logging.getLogger("order_timeout")
 
 
+LOSSES = {
+    "gone": "its epoch marker is gone",
+    "moved": "another Redis server holds its epoch marker: restarted from a snapshot, or a replica "
+             "promoted, it may have missed the last writes",
+}
+
+
 def queue_name(queue: TimeoutQueue) -> str:
     return f"{queue.prefix}:{queue.kind}"
 
@@ -49,7 +61,7 @@ class QueueRecovery:
         self.kinds = kinds
 
     def run(self) -> bool:
-        lost: list[tuple[TimeoutQueue, QueueEpoch]] = []
+        lost: list[tuple[TimeoutQueue, QueueEpoch, str]] = []
         for queue in self.queues:
             row = QueueEpoch.objects.filter(queue=queue_name(queue)).first()
             if row is None:
@@ -60,18 +72,20 @@ class QueueRecovery:
                                                                 defaults={"epoch": epoch})
                 if created:
                     logger.info("Queue %s set up: epoch %s.", queue_name(queue), row.epoch)
-            if not queue.epoch_intact(row.epoch):
-                lost.append((queue, row))
+            trouble = queue.epoch_trouble(row.epoch)
+            if trouble is not None:
+                lost.append((queue, row, trouble))
         if not lost:
             return True
-        logger.warning("Redis lost the queue %s (its epoch marker is gone): rebuilding it from the "
-                       "database now.", ", ".join(queue_name(queue) for queue, _ in lost))
+        for queue, _, trouble in lost:
+            logger.warning("Redis lost the queue %s (%s): rebuilding it from the database now.",
+                           queue_name(queue), LOSSES[trouble])
         scan = CompensationScan(heal=True, full=True, grace=0, queue=self.queue, kinds=self.kinds)
         result = scan.run()
         if result.skipped or not result.locked or result.lock_lost:
             # Another consumer (or the scan) holds the lock, or Redis went again: a later beat retries.
             return False
-        for queue, row in lost:
+        for queue, row, _ in lost:
             queue.mark_epoch(row.epoch)
             QueueEpoch.objects.filter(pk=row.pk).update(rebuilt_at=timezone.now(),
                                                         rebuilds=models.F("rebuilds") + 1)

@@ -6,7 +6,9 @@
   KEYS[2] leased     sorted set: member = order id, score = lease expiry (ms)
   KEYS[3] owners     hash: member = order id, value = token of the claim holding its lease
   KEYS[4] sessions   hash: member = consumer id, value = the database session its batch runs on
-  KEYS[5] epoch      string: the queue's epoch; missing on a queue Redis lost (or never set up)
+  KEYS[5] epoch      string: the queue's epoch and the run id of the server that wrote it (see
+                     epoch.lua); missing on a queue Redis lost (or never set up), another
+                     server's stamp on a Redis restarted from a snapshot or a replica promoted
   ARGV[1] now        (ms)
   ARGV[2] consumer   this consumer's id: the part of its claim tokens before the first ':'
   ARGV[3] until      (ms) when this heartbeat runs out; "" when the consumer leaves
@@ -20,7 +22,8 @@
   A dead consumer's recorded session goes to the caller, to be ended: a frozen consumer's open
   transaction would keep its rows locked from the next holder until the server's own limit.
 
-  Returns { leases handed over, 1 if the epoch is missing else 0, the dead consumers' sessions... }.
+  Returns { leases handed over, 1 if the epoch marker is missing or another server's else 0, the
+  dead consumers' sessions... }.
 ]]
 local rcall = redis.call
 local consumers, leased, owners, sessions, epoch = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -37,7 +40,19 @@ else
   rcall('HSET', sessions, me, session)
 end
 
-local lost = rcall('EXISTS', epoch) == 0 and 1 or 0
+local lost = 0
+local marker = rcall('GET', epoch)
+if not marker then
+  lost = 1
+else
+  local stamp = string.match(marker, ' (%S+)$')
+  if stamp ~= '-' then
+    -- INFO refused (ACL without @dangerous): only a missing marker can tell, as epoch.lua says.
+    local info = redis.pcall('INFO', 'server')
+    local here = type(info) == 'string' and string.match(info, 'run_id:(%x+)')
+    if here and stamp ~= here then lost = 1 end
+  end
+end
 local dead_ids = rcall('ZRANGEBYSCORE', consumers, '-inf', '(' .. now)
 if #dead_ids == 0 then return { 0, lost } end
 local dead = {}
