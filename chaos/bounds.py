@@ -61,6 +61,33 @@ def batch_of_a_killer(t: Tuning) -> Bound:
                  f"2 x LEASE {2 * t.lease_seconds:g} + slack {SLACK:g}")
 
 
+def poisoned_batch(t: Tuning) -> Bound:
+    """The other members of a batch whose member kills every consumer that takes it, at the
+    default lease: two deaths (the batch taken over whole, dies again, then each member alone),
+    each found by another consumer's beat once the dead one's heartbeat ran out. Issue 27's
+    target (5 s) is that: 2 x (HEARTBEAT + HEARTBEAT/3) and a second for the closes."""
+    death = t.heartbeat_seconds * 4 / 3
+    seconds = 2 * death + 1.0
+    return Bound("batch of a poison member, heartbeats only", seconds,
+                 f"2 x (HEARTBEAT + HEARTBEAT/3) {2 * death:.1f} + 1")
+
+
+def poison_buried(t: Tuning) -> Bound:
+    """The member that kills every holder: a dead letter after MAX_TAKEOVERS + 1 deaths, each a
+    heartbeat's run-out and a beat, plus its holder's restart when no other consumer is free.
+    Issue 27's target: 20 s."""
+    deaths = t.max_takeovers + 1
+    death = t.heartbeat_seconds * 4 / 3
+    seconds = deaths * (death + RESTART) + SLACK
+    return Bound("poison member buried, heartbeats only", seconds,
+                 f"(MAX_TAKEOVERS + 1) {deaths} x (HEARTBEAT + HEARTBEAT/3 {death:.1f} + restart "
+                 f"{RESTART:g}) + slack {SLACK:g}")
+
+
+# Seconds a consumer takes from its start to its first claim (Django set-up), on the CI machine.
+RESTART = 2.0
+
+
 def hold_released(t: Tuning) -> Bound:
     """A held order whose payment failed: closed at the next look (every HOLD_RECHECK), whose
     consumer may die holding it (a lease). From the later of the deadline and the failure."""

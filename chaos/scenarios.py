@@ -1031,6 +1031,36 @@ def receivers(lab: Lab) -> Story:
     return story
 
 
+# The default LEASE_SECONDS: the poison scenario shows what the heartbeat alone gives.
+DEFAULT_LEASE_SECONDS = 30
+
+
+@scenario("poison-killer", "a receiver that os._exit()s every consumer that takes its order, at the "
+                           "default LEASE_SECONDS (30 s): only the heartbeat hands its batches over")
+def poison_killer(lab: Lab) -> Story:
+    t, sizes = lab.tuning, lab.sizes
+    B = Role.Behaviour
+    killers = sizes.misbehaving[B.EXIT]
+    # One burst per killer, due within a third of a second, so its batch is full of others; one
+    # killer's MAX_TAKEOVERS + 1 deaths are over before the next burst falls due.
+    every = bounds.poison_buried(t).seconds
+    env: dict[str, Any] = {"CHAOS_BEHAVIOURS": 1, "ORDER_TIMEOUT_LEASE_SECONDS": DEFAULT_LEASE_SECONDS}
+    with lab.consumers(CONSUMERS, expected_status=EXIT_STATUS, **env) as pool:
+        for burst in range(killers):
+            lab.create_orders(sizes.orders // killers, lead=sizes.lead + burst * every, spread=0.3,
+                              misbehaving={B.EXIT: 1}, cohort="its batches")
+        story = lab.settle(Story([
+            Cohort("its batches", Expect.CLOSED, bounds.poisoned_batch(t)),
+            Cohort(B.EXIT, Expect.CLOSED_OR_DEAD, bounds.poison_buried(t)),
+        ]))
+    exits = sum(1 for e in pool.exits if e.status == EXIT_STATUS)
+    deaths = killers * (t.max_takeovers + 1)
+    story.checks.append(Check("each poison member killed MAX_TAKEOVERS + 1 consumers", exits == deaths,
+                              f"{exits} exits, {deaths} expected"))
+    story.facts["LEASE_SECONDS"] = DEFAULT_LEASE_SECONDS
+    return story
+
+
 # -- receivers that never return -------------------------------------------------------------
 
 
