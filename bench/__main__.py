@@ -193,6 +193,12 @@ def main(argv: list[str]) -> int:
                 crashing = cls(record_dir / result)
                 measured[result] = {**crash.crash(crashing, row_sizes, victim), "killed": what}
                 system.errors += crashing.errors
+            for result, victim, what in system.crash_freezes:
+                print(f"  crash ({what} frozen) ...", flush=True)
+                workloads.reset()
+                crashing = cls(record_dir / result)
+                measured[result] = {**crash.crash(crashing, row_sizes, victim, freeze=True), "frozen": what}
+                system.errors += crashing.errors
         if system.errors:
             data["errors"][system.name] = system.errors
         rounds.setdefault(system.name, []).append({

@@ -58,8 +58,9 @@ POLL = 0.005
 STALL = 1.0
 
 
-def crash(system: System, sizes: Sizes, victim: int = 0) -> dict[str, Any]:
-    """Burst, kill closer ``victim`` once a third is closed, restart it, wait, count (module docstring).
+def crash(system: System, sizes: Sizes, victim: int = 0, freeze: bool = False) -> dict[str, Any]:
+    """Burst, kill closer ``victim`` once a third is closed, restart it, wait, count (module docstring);
+    ``freeze``: SIGSTOP it instead, never restarted, thawed once the wait ends.
 
     ``system`` is a fresh instance, not started: its closers are started here with the eager
     records, and stopped at the end."""
@@ -94,7 +95,10 @@ def crash(system: System, sizes: Sizes, victim: int = 0) -> dict[str, Any]:
             time.sleep(POLL)
         closed_at_kill = len(orders) - left
         killed_at = time.time()
-        system.restart_one(victim)
+        if freeze:
+            system.freeze_one(victim)
+        else:
+            system.restart_one(victim)
         never = _wait(system, unpaid, sizes.crash_cap_seconds)
         waited = time.time() - killed_at
         if system.delivers_notices:

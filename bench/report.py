@@ -211,13 +211,20 @@ def _crash_lines(data: dict[str, Any]) -> list[str]:
         if not run:
             lines.append(f"| {system['label']} | not run | | | | | | {note} |")
             continue
-        unrecorded = f" ({run['unrecorded']:,} unrecorded)" if run.get("unrecorded") else ""
-        lines.append(
-            f"| {system['label']} | {run['closed']:,} of {run['orders']:,}{unrecorded} "
+        lines.append(_crash_row(system["label"], run, note))
+        frozen = system.get("crash_frozen")
+        if frozen:
+            lines.append(_crash_row(f"{system['label']}, {frozen['frozen']} frozen (SIGSTOP, not restarted)",
+                                    frozen, "As above: a frozen consumer stops beating and is taken for dead."))
+    return lines
+
+
+def _crash_row(label: str, run: dict[str, Any], note: str) -> str:
+    unrecorded = f" ({run['unrecorded']:,} unrecorded)" if run.get("unrecorded") else ""
+    return (f"| {label} | {run['closed']:,} of {run['orders']:,}{unrecorded} "
             f"| {'**' + format(run['never'], ',') + '**' if run['never'] else 0} | {run['twice']:,} "
             f"| {_num(run['late'])} ({_num(run['late_bound_s'], 2)}) | {_num(run['latest_s'], 2)} "
             f"| {run['killed_after_s']:.2f} s ({run['closed_at_kill']:,}) | {note} |")
-    return lines
 
 
 def _notices_lines(data: dict[str, Any]) -> list[str]:
@@ -446,10 +453,10 @@ def verdict(data: dict[str, Any]) -> list[str]:
                  if name in ours]
     failures += [f"{name} {kind}: {run['closed']:,} of {run['orders']:,} orders closed"
                  for name, kind, run in runs if name in ours and not run["drained"]]
-    crashes = [(name, s["crash"]) for name, s in data["systems"].items()
-               if s.get("crash") and name.startswith("ours")]
-    failures += [f"{name} crash: {run['twice']} orders closed twice" for name, run in crashes if run["twice"]]
-    failures += [f"{name} crash: {run['never']:,} of {run['orders']:,} orders never closed"
+    crashes = [(f"{name} {result}", s[result]) for name, s in data["systems"].items()
+               for result in ("crash", "crash_frozen") if s.get(result) and name.startswith("ours")]
+    failures += [f"{name}: {run['twice']} orders closed twice" for name, run in crashes if run["twice"]]
+    failures += [f"{name}: {run['never']:,} of {run['orders']:,} orders never closed"
                  for name, run in crashes if run["never"]]
     failures += notices_failures(data)
     failures += [f"cluster burst with {run['shards']} shard(s): {run['closed']:,} of {run['orders']:,} "

@@ -76,6 +76,9 @@ class System:
     # The crash workloads it runs: (the result's name, the closer killed, what it is), each a
     # crash burst of its own (bench/crash.py).
     crash_victims: tuple[tuple[str, int, str], ...] = (("crash", 0, "a closer"),)
+    # The same, the closer frozen (SIGSTOP, a paused VM) instead, and never restarted: thawed
+    # once the wait ends. Ours only (its variants share its path).
+    crash_freezes: tuple[tuple[str, int, str], ...] = ()
 
     def sized(self, sizes: Any) -> Any:
         """``sizes`` within this row's ``limits``."""
@@ -101,6 +104,8 @@ class System:
         self.env: dict[str, str] = {}
         # What closers that exited badly printed last (stderr tails).
         self.errors: list[str] = []
+        # The closers ``freeze_one`` stopped, by their place in ``procs``.
+        self.frozen: list[int] = []
 
     # -- orders in ------------------------------------------------------
 
@@ -164,6 +169,25 @@ class System:
         proc.wait()
         self.procs[index], self.proc_logs[index] = self._launch(self.commands_run[index])
 
+    def freeze_one(self, index: int) -> None:
+        """SIGSTOP closer ``index`` and every process below it, until ``thaw()``."""
+        self._signal_tree(index, signal.SIGSTOP)
+        self.frozen.append(index)
+
+    def thaw(self) -> None:
+        for index in self.frozen:
+            self._signal_tree(index, signal.SIGCONT)
+        self.frozen = []
+
+    def _signal_tree(self, index: int, signum: int) -> None:
+        from .measure import process_tree
+
+        for pid in process_tree(self.procs[index].pid):
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
     def in_flight(self) -> int:
         """Orders its queue still holds for a closer that may close them (again) later: the
         crash workload waits for these as well as for the unpaid rows. None but for ours."""
@@ -176,6 +200,7 @@ class System:
 
     def stop(self) -> None:
         """SIGTERM every closer and wait: they write their commit records on the way out."""
+        self.thaw()
         for proc in self.procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -215,13 +240,16 @@ class Ours(System):
     name, label = "ours", "django-order-timeout"
     closers = "2 consumers, batch 500"
     batch = "500"
-    crash_note = ("Crash: the killed consumer's batch stays leased until LEASE_SECONDS run out, then the next "
-                  "claim takes it over (a member per claim) and closes it under the row lock: late by "
-                  "LEASE_SECONDS plus that one-by-one takeover, never lost; a batch committed before the "
-                  "kill but not acked is taken over too, and the row re-check stops its second close. "
-                  "Redis lost: the rows are the truth; "
-                  "the beat's compensation scan (every COMPENSATION_INTERVAL, 300 s) closes what is overdue "
-                  "by more than COMPENSATION_GRACE (150 s) and puts the missing future deadlines back.")
+    crash_note = ("Crash: the killed consumer's heartbeat runs out (HEARTBEAT_SECONDS, 1.5 s) and the other "
+                  "consumer's next beat hands its leases over; the next claim takes its batch over whole "
+                  "and closes it under the row lock: late by about 2 s, never lost, whatever LEASE_SECONDS "
+                  "says; a batch committed before the kill but not acked is taken over too, and the row "
+                  "re-check stops its second close. Frozen: the same, and the consumer that finds it dead "
+                  "ends its database session, so its row locks go. Redis lost (restarted empty, a replica "
+                  "that missed the last writes): the rows are the truth; a consumer's beat finds the "
+                  "queue's epoch marker gone or stamped by another server and rebuilds the queue from the "
+                  "rows at once, no beat needed.")
+    crash_freezes: tuple[tuple[str, int, str], ...] = (("crash_frozen", 0, "a consumer"),)
 
     def commands(self) -> list[list[str]]:
         # BENCH_CONSUMER_VERBOSITY=1 logs every batch (with its time) to the closers' stderr files.
@@ -296,6 +324,7 @@ class OursNotices(Ours):
     measures_create = False
     crash_in_quick = False
     delivers_notices = True
+    crash_freezes = ()
     crash_note = ("As ours for the closes. The notices are rows written in the close's transaction: a batch "
                   "killed before its COMMIT leaves none (its takeover writes them once); one killed after it "
                   "leaves them pending, announced a lease late in Redis, delivered then; a consumer killed "
@@ -327,6 +356,7 @@ class OursShop(Ours):
     workloads = ("steady", "burst", "crash")
     measures_create = False
     crash_in_quick = False
+    crash_freezes = ()
     crash_note = ("As ours: the status-change row is written in the close's transaction, so a killed "
                   "batch rolls back with its rows and the takeover writes them once.")
 
@@ -354,6 +384,7 @@ class OursReminders(Ours):
     workloads = ("steady", "burst", "crash")
     measures_create = False
     crash_in_quick = False
+    crash_freezes = ()
     crash_note = ("As ours, for the reminders too: a killed batch of reminders is taken over after "
                   "LEASE_SECONDS and the sent reminder's row, written under the row lock, stops a second "
                   "send. Redis lost: the scan puts the missing reminders back.")
@@ -377,6 +408,7 @@ class OursHeld(Ours):
     workloads = ("burst", "crash")
     measures_create = False
     crash_in_quick = False
+    crash_freezes = ()
     crash_note = "As ours (its crash burst holds no order)."
 
     def hold(self, orders: Sequence[Order]) -> set[int]:

@@ -14,6 +14,8 @@ from bench.crash import LATE_MARGIN, tally
 from bench.recorder import read_commits
 from bench.report import markdown, verdict
 
+from .conftest import wait_for
+
 CRASH = {"orders": 100, "closed": 100, "never": 0, "twice": 0, "late": 0, "late_bound_s": 1.5,
          "latest_s": 0.4, "unrecorded": 0, "killed_after_s": 0.2, "closed_at_kill": 40}
 
@@ -82,3 +84,36 @@ def test_the_crash_table_gives_every_row_its_note_even_one_that_did_not_run_it()
 
     assert "| ours_shop | not run | | | | | | ours_shop's note |" in table
     assert "ours's note" in table
+
+
+def test_our_frozen_consumers_crash_has_its_row_and_fails_the_run_if_it_lost_an_order():
+    run = data()
+    run["systems"]["ours"]["crash_frozen"] = {**CRASH, "never": 2, "closed": 98, "frozen": "a consumer"}
+
+    assert verdict(run) == ["ours crash_frozen: 2 of 100 orders never closed"]
+    assert "| ours, a consumer frozen (SIGSTOP, not restarted) | 98 of 100 | **2** |" in markdown(copy.deepcopy(run))
+
+
+def test_a_frozen_closer_stays_stopped_until_the_system_stops_and_thaws_it(tmp_path: Path):
+    from bench.systems import System
+
+    class Sleeper(System):
+        startup_seconds = 0.0
+
+        def commands(self) -> list[list[str]]:
+            return [[sys.executable, "-c", "import time; time.sleep(60)"]]
+
+    system = Sleeper(tmp_path)
+    system.start()
+    try:
+        system.freeze_one(0)
+        wait_for(lambda: process_state(system.pids()[0]) == "T")
+    finally:
+        proc = system.procs[0]
+        system.stop()  # SIGTERM reaches a stopped process only once it is continued
+
+    assert proc.returncode == -signal.SIGTERM
+
+
+def process_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
