@@ -199,6 +199,12 @@ def main(argv: list[str]) -> int:
                 crashing = cls(record_dir / result)
                 measured[result] = {**crash.crash(crashing, row_sizes, victim, freeze=True), "frozen": what}
                 system.errors += crashing.errors
+            if system.loses_redis:
+                print("  crash (Redis emptied) ...", flush=True)
+                workloads.reset()
+                crashing = cls(record_dir / "crash_redis_lost")
+                measured["crash_redis_lost"] = crash.crash(crashing, row_sizes, lose_redis=True)
+                system.errors += crashing.errors
         if system.errors:
             data["errors"][system.name] = system.errors
         rounds.setdefault(system.name, []).append({

@@ -58,9 +58,11 @@ POLL = 0.005
 STALL = 1.0
 
 
-def crash(system: System, sizes: Sizes, victim: int = 0, freeze: bool = False) -> dict[str, Any]:
+def crash(system: System, sizes: Sizes, victim: int = 0, freeze: bool = False,
+          lose_redis: bool = False) -> dict[str, Any]:
     """Burst, kill closer ``victim`` once a third is closed, restart it, wait, count (module docstring);
-    ``freeze``: SIGSTOP it instead, never restarted, thawed once the wait ends.
+    ``freeze``: SIGSTOP it instead, never restarted, thawed once the wait ends; ``lose_redis``:
+    empty the system's Redis instead (``System.lose_redis``), no closer touched.
 
     ``system`` is a fresh instance, not started: its closers are started here with the eager
     records, and stopped at the end."""
@@ -95,7 +97,9 @@ def crash(system: System, sizes: Sizes, victim: int = 0, freeze: bool = False) -
             time.sleep(POLL)
         closed_at_kill = len(orders) - left
         killed_at = time.time()
-        if freeze:
+        if lose_redis:
+            system.lose_redis()
+        elif freeze:
             system.freeze_one(victim)
         else:
             system.restart_one(victim)

@@ -216,6 +216,10 @@ def _crash_lines(data: dict[str, Any]) -> list[str]:
         if frozen:
             lines.append(_crash_row(f"{system['label']}, {frozen['frozen']} frozen (SIGSTOP, not restarted)",
                                     frozen, "As above: a frozen consumer stops beating and is taken for dead."))
+        emptied = system.get("crash_redis_lost")
+        if emptied:
+            lines.append(_crash_row(f"{system['label']}, its Redis emptied (FLUSHDB), no closer killed",
+                                    emptied, "The Redis-lost part of the note above, measured."))
     return lines
 
 
@@ -454,7 +458,8 @@ def verdict(data: dict[str, Any]) -> list[str]:
     failures += [f"{name} {kind}: {run['closed']:,} of {run['orders']:,} orders closed"
                  for name, kind, run in runs if name in ours and not run["drained"]]
     crashes = [(f"{name} {result}", s[result]) for name, s in data["systems"].items()
-               for result in ("crash", "crash_frozen") if s.get(result) and name.startswith("ours")]
+               for result in ("crash", "crash_frozen", "crash_redis_lost")
+               if s.get(result) and name.startswith("ours")]
     failures += [f"{name}: {run['twice']} orders closed twice" for name, run in crashes if run["twice"]]
     failures += [f"{name}: {run['never']:,} of {run['orders']:,} orders never closed"
                  for name, run in crashes if run["never"]]

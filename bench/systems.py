@@ -79,6 +79,9 @@ class System:
     # The same, the closer frozen (SIGSTOP, a paused VM) instead, and never restarted: thawed
     # once the wait ends. Ours only (its variants share its path).
     crash_freezes: tuple[tuple[str, int, str], ...] = ()
+    # Whether the crash workload's other variant applies: its Redis emptied (FLUSHDB, as a restart
+    # without persistence leaves it) once a third is closed, no closer killed (``lose_redis``).
+    loses_redis = False
 
     def sized(self, sizes: Any) -> Any:
         """``sizes`` within this row's ``limits``."""
@@ -169,6 +172,14 @@ class System:
         proc.wait()
         self.procs[index], self.proc_logs[index] = self._launch(self.commands_run[index])
 
+    def lose_redis(self) -> None:
+        """Empty the Redis database it keeps its queue in (a system with ``loses_redis``)."""
+        from .ownership import keep_mark
+
+        client = get_redis_connection("order_timeout")
+        client.flushdb()
+        keep_mark(client)
+
     def freeze_one(self, index: int) -> None:
         """SIGSTOP closer ``index`` and every process below it, until ``thaw()``."""
         self._signal_tree(index, signal.SIGSTOP)
@@ -250,6 +261,7 @@ class Ours(System):
                   "queue's epoch marker gone or stamped by another server and rebuilds the queue from the "
                   "rows at once, no beat needed.")
     crash_freezes: tuple[tuple[str, int, str], ...] = (("crash_frozen", 0, "a consumer"),)
+    loses_redis = True
 
     def commands(self) -> list[list[str]]:
         # BENCH_CONSUMER_VERBOSITY=1 logs every batch (with its time) to the closers' stderr files.
@@ -325,6 +337,7 @@ class OursNotices(Ours):
     crash_in_quick = False
     delivers_notices = True
     crash_freezes = ()
+    loses_redis = False
     crash_note = ("As ours for the closes. The notices are rows written in the close's transaction: a batch "
                   "killed before its COMMIT leaves none (its takeover writes them once); one killed after it "
                   "leaves them pending, announced a lease late in Redis, delivered then; a consumer killed "
@@ -357,6 +370,7 @@ class OursShop(Ours):
     measures_create = False
     crash_in_quick = False
     crash_freezes = ()
+    loses_redis = False
     crash_note = ("As ours: the status-change row is written in the close's transaction, so a killed "
                   "batch rolls back with its rows and the takeover writes them once.")
 
@@ -385,6 +399,7 @@ class OursReminders(Ours):
     measures_create = False
     crash_in_quick = False
     crash_freezes = ()
+    loses_redis = False
     crash_note = ("As ours, for the reminders too: a killed batch of reminders is taken over after "
                   "LEASE_SECONDS and the sent reminder's row, written under the row lock, stops a second "
                   "send. Redis lost: the scan puts the missing reminders back.")
@@ -409,6 +424,7 @@ class OursHeld(Ours):
     measures_create = False
     crash_in_quick = False
     crash_freezes = ()
+    loses_redis = False
     crash_note = "As ours (its crash burst holds no order)."
 
     def hold(self, orders: Sequence[Order]) -> set[int]:
@@ -428,6 +444,7 @@ class Floor(System):
     measures_create = False
     crash_note = ("Promises nothing: its claim deletes the batch from the set (ZREM), so a batch the "
                   "killed process held is never closed. Redis lost: every pending order is lost.")
+    loses_redis = True
 
     def commands(self) -> list[list[str]]:
         return [[sys.executable, "-m", "bench.floor"] for _ in range(self.processes)]
@@ -460,6 +477,7 @@ class SeedZset(System):
     crash_note = ("Delete-on-claim (ZRANGEBYSCORE + ZREM): the up to 200 orders the killed poller had "
                   "claimed and not closed are never closed; the seeds have no scan. Redis lost: every "
                   "pending order is never closed.")
+    loses_redis = True
 
     def commands(self) -> list[list[str]]:
         return [[sys.executable, "-m", "bench.baselines", "seed_zset"]
@@ -498,6 +516,13 @@ class CeleryEta(System):
                   "Redis broker redelivers them after visibility_timeout (3600 s here, bench/celery_eta.py), "
                   "an hour late; the up to 2 tasks running (acked on start) are lost. Redis lost: every "
                   "task not yet fetched is lost; nothing finds them again.")
+    loses_redis = True
+
+    def lose_redis(self) -> None:
+        """Its broker's database: the tasks wait there (and in the worker, fetched)."""
+        from .workloads import flush_broker
+
+        flush_broker()
 
     def commands(self) -> list[list[str]]:
         # Prefork, Celery's default pool: the solo pool fires ETA timers in steps

@@ -65,11 +65,12 @@ def reset() -> None:
     """Empty the orders tables (and every table keyed by an order: TRUNCATE reuses the ids, and
     a payment or a sent reminder left over would hold or silence a new order with its id), the
     queue's Redis database and Celery's broker database."""
-    from order_timeout.models import DeadLetter, Notice, Reminder
+    from order_timeout.models import DeadLetter, Notice, QueueEpoch, Reminder
     from testproject.shop.models import OrderPayment, OrderStatusChange, ReminderEmail, ShopOrder
 
+    # QueueEpoch too: the queues start new (set up by the first consumer), not lost by Redis.
     tables = [model._meta.db_table for model in (Order, ShopOrder, OrderStatusChange, OrderPayment,
-                                                 Reminder, ReminderEmail, DeadLetter, Notice)]
+                                                 Reminder, ReminderEmail, DeadLetter, Notice, QueueEpoch)]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(f"TRUNCATE TABLE {', '.join(tables)} CASCADE")

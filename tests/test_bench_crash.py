@@ -117,3 +117,14 @@ def test_a_frozen_closer_stays_stopped_until_the_system_stops_and_thaws_it(tmp_p
 
 def process_state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_redis_emptied_crash_has_its_row_and_our_row_losing_an_order_to_it_fails_the_run():
+    run = data()
+    run["systems"]["ours"]["crash_redis_lost"] = {**CRASH, "never": 1, "closed": 99}
+    run["systems"]["seed_zset"]["crash_redis_lost"] = {**CRASH, "never": 60, "closed": 40}
+
+    assert verdict(run) == ["ours crash_redis_lost: 1 of 100 orders never closed"]
+    table = markdown(copy.deepcopy(run))
+    assert "| ours, its Redis emptied (FLUSHDB), no closer killed | 99 of 100 | **1** |" in table
+    assert "| seed_zset, its Redis emptied (FLUSHDB), no closer killed | 40 of 100 | **60** |" in table

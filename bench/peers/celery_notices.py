@@ -33,6 +33,7 @@ class CeleryNotices(Ours):
     delivers_notices = True
     crash_victims = (("crash", 0, "a consumer"), ("crash_worker", 2, "the Celery worker"))
     crash_freezes = ()
+    loses_redis = False
     crash_note = ("Closes as ours. A consumer killed after a batch's COMMIT and before its on_commit callbacks "
                   "published every task loses the rest of that batch's notices: nothing wrote them down, and "
                   "the takeover finds the orders closed (the row re-check), so it sends nothing. The worker "

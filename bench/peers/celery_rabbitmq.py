@@ -42,6 +42,7 @@ class CeleryRabbitmq(CeleryEta):
     name, label = ("celery_rabbitmq",
                    "Celery on RabbitMQ: apply_async(countdown) per order, native delayed delivery (quorum queues)")
     closers = "1 worker, prefork pool of 2, acks_late, 1 tx per order; delays in RabbitMQ (1 s steps)"
+    loses_redis = False  # no Redis: its broker is RabbitMQ
     crash_note = ("Worker killed: its unacked tasks (acks_late: the ones running and prefetched, up to 8) go "
                   "back to the queue when its connection drops and the restarted worker runs them (the row "
                   "re-check stops a second close); the delayed ones wait in the broker, untouched. Broker lost: "
