@@ -308,6 +308,7 @@ class Consumer:
         guard = self.watch.guard = LeaseGuard(self.queue, self.lease_seconds, lambda: now_score(self.clock()),
                                               on_stuck=self._exit_stuck if self.exit_when_stuck else None,
                                               time_limit=self.batch_time_limit)
+        abandoning = False
         try:
             if self.clock.follow_database:
                 try:
@@ -321,9 +322,13 @@ class Consumer:
                 heartbeat.start()
                 self.watch.on_session = heartbeat.record_session
             return self._run(once=once)
+        except BaseException:
+            abandoning = True
+            raise
         finally:
             if heartbeat.thread.is_alive():
-                heartbeat.close()
+                # Left raising (a second signal, a receiver stuck): its claims go to the others now.
+                heartbeat.close(abandon=abandoning)
             guard.close()
             self.watch.guard = None
             self.watch.on_session = None

@@ -15,6 +15,7 @@ from order_timeout import schedule
 from order_timeout.conf import settings as order_settings
 from order_timeout.consumer import Consumer
 from order_timeout.models import DeadLetter, Order
+from order_timeout.timers.members import now_score
 from testproject.shop.models import Expiry
 
 from .conftest import Clock, both_models, both_redis, wait_for
@@ -170,7 +171,7 @@ def test_sigterm_wakes_an_idle_consumer_at_once(consumer_process):
     assert code == 0, err
 
 
-def test_second_signal_exits_at_once(consumer_process, queue):
+def test_second_signal_exits_at_once_and_hands_its_claim_to_the_next(consumer_process, queue):
     """Each delivery takes 30 s: the batch in hand would take minutes; the second signal ends it now."""
     due_orders(5)
     worker = consumer_process("--batch-size", "5", env={"SHOP_DELAY_SECONDS": "30"})
@@ -182,9 +183,11 @@ def test_second_signal_exits_at_once(consumer_process, queue):
     code, _, _ = worker.wait()
 
     assert code == 128 + signal.SIGTERM
-    # Nothing closed, nothing lost: the claim stays leased for another consumer.
+    # Nothing closed, nothing lost: the claim is another consumer's at once, not after its lease.
     assert Order.objects.filter(status=Order.Status.UNPAID).count() == 5
     assert len(leased_members(queue)) == 5
+    now = now_score(timezone.now())
+    assert all(where.lease_ms <= now for where in queue.positions(leased_members(queue)).values())
 
 
 def test_once_processes_everything_due_then_exits(capsys):

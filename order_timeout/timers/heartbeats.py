@@ -71,13 +71,19 @@ class Heartbeat:
         self.beat()
         self.thread.start()
 
-    def close(self) -> None:
-        """Stop beating and leave every shard: a consumer that stopped is not dead."""
+    def close(self, abandon: bool = False) -> None:
+        """Stop beating and leave every shard: a consumer that stopped is not dead. ``abandon``:
+        it leaves mid-batch (a second signal, a crash), so it beats as dead instead, and its
+        leases go to the next claims at once, not after LEASE_SECONDS."""
         self._closed.set()
         self._poke.set()
         if self.thread.is_alive():
             self.thread.join(5)
-        self.beat(leaving=True)
+        if abandon:
+            self._session = ""  # rolled back already (the batch's atomic block was left raising)
+            self.beat(dead=True)
+        else:
+            self.beat(leaving=True)
 
     def record_session(self, using: str, identity: str | None) -> None:
         """The session this consumer's batches run on now; a new one is beaten at once, so it is
@@ -95,11 +101,13 @@ class Heartbeat:
                 return
             self.beat()
 
-    def beat(self, leaving: bool = False) -> int:
-        """Beat once on every lane; returns how many leases of dead consumers were handed over."""
+    def beat(self, leaving: bool = False, dead: bool = False) -> int:
+        """Beat once on every lane; returns how many leases of dead consumers were handed over
+        (``dead``: this one's own too, its heartbeat run out as it beats)."""
         handed = 0
         now = self.clock_ms()
-        until = None if leaving else now + round(1000 * self.seconds)
+        leaving = leaving or dead
+        until = now - 1 if dead else None if leaving else now + round(1000 * self.seconds)
         sessions: set[str] = set()
         epoch_missing = False
         try:

@@ -124,8 +124,8 @@ class Command(BaseCommand):
 
         def stop(signum: int, frame: FrameType | None) -> None:
             if received:
-                # Second signal: leave now. Whatever was claimed stays leased
-                # and another consumer takes it over when the lease runs out.
+                # Second signal: leave now. Whatever was claimed is rolled back,
+                # and its leases go to the other consumers' next claims at once.
                 raise ImmediateShutdown(128 + signum)
             received.append(signum)
             self.stderr.write(f"Received {signal.Signals(signum).name}; finishing the batch in hand.")
