@@ -32,6 +32,7 @@ retries after a node restarts. A standalone Redis works with older redis-py
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -42,6 +43,8 @@ from redis.cluster import REDIS_ALLOWED_KEYS, ClusterNode, RedisCluster
 from redis.connection import SSLConnection, parse_url
 
 from .redaction import masked
+
+logger = logging.getLogger("order_timeout")
 
 # The lowest redis-py whose cluster client the queue works on (CI tests this one).
 MIN_REDIS_PY = "8.1"
@@ -127,6 +130,41 @@ def cluster_twin(template: RedisCluster, /, **changes: Any) -> RedisCluster:
     return RedisCluster(url=f"redis://{first.host}:{first.port}",
                         startup_nodes=[ClusterNode(node.host, node.port) for node in rest],
                         **{**cluster_wide, **options, **changes})
+
+
+def refreshed_in_the_background(client: RedisCluster, /) -> RedisCluster:
+    """``client``, its map of slots to nodes refreshed by a thread of its own, never by the caller.
+
+    After a node times out or refuses, redis-py refreshes the map there and
+    then, on the caller's thread, asking each known node in turn under one lock:
+    with the cluster hung, every save of a process would wait a timeout per node
+    and then for every other save's refresh, seconds in all where a standalone
+    server costs each save its own round trips. For the saves' client only: a
+    save gives up at its first error anyway (the scan heals it), and the next
+    saves find the map the refresh made. One refresh runs at a time; a failure
+    while one runs starts none. The first map, built with the client, is not
+    affected.
+    """
+    manager = client.nodes_manager
+    refresh = manager.initialize
+    running = threading.Lock()
+
+    def in_its_own_thread(*args: Any, **kwargs: Any) -> None:
+        if not running.acquire(blocking=False):
+            return
+
+        def run() -> None:
+            try:
+                refresh(*args, **kwargs)
+            except Exception:  # the cluster still down: the next failure tries again
+                logger.debug("Could not refresh the Redis Cluster's map of slots.", exc_info=True)
+            finally:
+                running.release()
+
+        threading.Thread(target=run, name="order-timeout-cluster-map", daemon=True).start()
+
+    manager.initialize = in_its_own_thread  # type: ignore[method-assign]
+    return client
 
 
 class ClusterConnectionFactory(ConnectionFactory):

@@ -69,11 +69,11 @@ def bounded_client(client: Any, timeout: float) -> Any:
     ``RedisCluster`` will do, however it was built.
     """
     if isinstance(client, RedisCluster):
-        from ..redis_cluster import cluster_twin
+        from ..redis_cluster import cluster_twin, refreshed_in_the_background
 
         size = min(SAVE_CONNECTIONS, client.nodes_manager.connection_kwargs.get("max_connections")
                    or SAVE_CONNECTIONS)
-        return cluster_twin(client, **_limits(timeout), **_pool_limits(timeout, size))
+        return refreshed_in_the_background(cluster_twin(client, **_limits(timeout), **_pool_limits(timeout, size)))
     pool = client.connection_pool
     kwargs = {**pool.connection_kwargs, **_limits(timeout), "retry_on_timeout": False,
               "connection_class": pool.connection_class}
@@ -105,12 +105,12 @@ def saves_client(alias: str, timeout: float) -> Any:
     with redis_errors("connect"):
         factory = _cluster_factory(alias)
         if factory is not None:
-            from ..redis_cluster import cluster_client
+            from ..redis_cluster import cluster_client, refreshed_in_the_background
 
             options = factory.connection_options()
             size = min(SAVE_CONNECTIONS, options.get("max_connections") or SAVE_CONNECTIONS)
-            built = cluster_client(_location(alias), **{**options, **_limits(timeout),
-                                                        **_pool_limits(timeout, size)})
+            built = refreshed_in_the_background(cluster_client(
+                _location(alias), **{**options, **_limits(timeout), **_pool_limits(timeout, size)}))
         else:
             built = bounded_client(alias_client(alias), timeout)
     with _bounded_lock:
