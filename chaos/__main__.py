@@ -53,6 +53,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--model", default="order_timeout.Order",
                         help="The order model (with an integer primary key): order_timeout.Order "
                              "or shop.ShopOrder.")
+    parser.add_argument("--redis-cluster", action="store_true",
+                        help="The queue on a private Redis Cluster of three primaries (SHARDS 3) "
+                             "instead of one server; every Redis fault is done to every node.")
     parser.add_argument("--trace", action="store_true",
                         help="Consumers log every lock they take on the order table (implies --keep-logs).")
     parser.add_argument("--batch-size", type=int, default=None,
@@ -143,15 +146,20 @@ def run_scenario(scenario: Any, lab: Any, *, quick: bool) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     import django
 
-    from .servers import PrivateMariaDB, PrivateRedis, Servers, child_environment
-    from .tuning import FULL, QUICK, Tuning
+    from .servers import PrivateMariaDB, PrivateRedis, PrivateRedisCluster, Servers, child_environment
+    from .tuning import CLUSTER_SHARDS, FULL, QUICK, Tuning
 
     model = _option(argv, "--model", "order_timeout.Order")
     batch_size = int(_option(argv, "--batch-size", str(Tuning.batch_size)))
+    cluster = "--redis-cluster" in argv
     workdir = Path(tempfile.mkdtemp(prefix="chaos-"))
     # The ports are chosen now, so the settings can name the servers before they start.
-    servers = Servers(PrivateMariaDB(workdir / "mariadb"), PrivateRedis(workdir / "redis"))
-    tuning = Tuning(order_model=model, batch_size=batch_size)
+    if cluster:
+        servers = Servers(PrivateMariaDB(workdir / "mariadb"), PrivateRedisCluster(workdir / "redis-cluster"),
+                          cache=PrivateRedis(workdir / "redis"))
+    else:
+        servers = Servers(PrivateMariaDB(workdir / "mariadb"), PrivateRedis(workdir / "redis"))
+    tuning = Tuning(order_model=model, batch_size=batch_size, shards=CLUSTER_SHARDS if cluster else 1)
     env = child_environment(servers, tuning)
     os.environ.clear()
     os.environ.update(env)
@@ -173,13 +181,18 @@ def main(argv: list[str]) -> int:
     keep = False
     began = time.monotonic()
     try:
-        print(f"private MariaDB on 127.0.0.1:{servers.mariadb.port}, Redis on 127.0.0.1:"
-              f"{servers.redis.port}, under {workdir}", flush=True)
+        redis = (f"a Redis Cluster on 127.0.0.1:{','.join(str(node.port) for node in servers.redis.nodes)}"
+                 f" (the cache's Redis on {servers.cache.port})"
+                 if isinstance(servers.redis, PrivateRedisCluster) and servers.cache is not None
+                 else f"Redis on 127.0.0.1:{servers.redis.port}")
+        print(f"private MariaDB on 127.0.0.1:{servers.mariadb.port}, {redis}, under {workdir}", flush=True)
         servers.mariadb.install()
         servers.mariadb.start()
         servers.mariadb.create_database()
-        servers.redis.directory.mkdir(parents=True, exist_ok=True)
-        servers.redis.start(fresh=True)
+        for server in (servers.cache, servers.redis):
+            if server is not None:
+                server.directory.mkdir(parents=True, exist_ok=True)
+                server.start(fresh=True)
 
         from django.core.management import call_command
 
@@ -188,7 +201,8 @@ def main(argv: list[str]) -> int:
         call_command("migrate", verbosity=0)
         run: dict[str, Any] = {
             "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit(),
-            "quick": args.quick, "machine": machine(), "tuning": tuning.as_dict(),
+            "quick": args.quick, "redis_cluster": servers.cluster, "machine": machine(),
+            "tuning": tuning.as_dict(),
             "sizes": asdict(sizes), "scenarios": [],
         }
         for name in args.scenarios.split(","):
@@ -223,17 +237,19 @@ def main(argv: list[str]) -> int:
         return 130
     finally:
         kill_all()
-        servers.redis.kill()
-        servers.mariadb.kill()
+        servers.kill_all()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _copy_logs(source: Path, target: Path, servers: Any) -> None:
     shutil.rmtree(target, ignore_errors=True)
     shutil.copytree(source, target, dirs_exist_ok=True)
-    for server_log in (servers.mariadb.directory / "error.log", servers.redis.directory / "redis.out"):
+    for server_log in (servers.mariadb.directory / "error.log", *servers.redis.logs()):
         if server_log.exists():
-            shutil.copy(server_log, target / server_log.name)
+            # A cluster's nodes each have a redis.out: named after their directories.
+            name = server_log.name if server_log.parent.name in ("mariadb", "redis") else \
+                f"{server_log.parent.name}-{server_log.name}"
+            shutil.copy(server_log, target / name)
 
 
 if __name__ == "__main__":

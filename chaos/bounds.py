@@ -54,6 +54,17 @@ def consumer_death(t: Tuning) -> Bound:
                  f"LEASE {t.lease_seconds:g} + slack {SLACK:g}")
 
 
+def death_found_by_heartbeat(t: Tuning) -> Bound:
+    """Its consumer died or froze mid-batch, at the default LEASE_SECONDS (30 s): the lease is
+    not waited out. Another consumer's beat finds the heartbeat gone (HEARTBEAT_SECONDS, then
+    its next beat, a third of it later), ends the dead one's database session (a frozen
+    consumer's row locks go with it) and the next claim takes the batch over whole. Issue 27's
+    target (3 s at the benchmark's pace) is that, before the slack."""
+    death = t.heartbeat_seconds * 4 / 3
+    return Bound("consumer death, heartbeats only", death + SLACK,
+                 f"HEARTBEAT + HEARTBEAT/3 {death:.1f} + slack {SLACK:g}")
+
+
 def batch_of_a_killer(t: Tuning) -> Bound:
     """Its batch held a member whose receiver kills or hangs its consumers: the batch is taken
     over whole after the first death and dies again with that member, then each is taken alone."""

@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from order_timeout import get_order_model
 from order_timeout.exceptions import QueueUnavailable
-from order_timeout.models import DeadLetter, Deadline, Notice, Reminder
+from order_timeout.models import DeadLetter, Deadline, Notice, QueueEpoch, Reminder
 from order_timeout.timers.watchdog import EXIT_STUCK
 from testproject.shop.models import (
     Checkout,
@@ -79,7 +79,10 @@ class Lab:
             Reminder._meta.db_table, ReminderEmail._meta.db_table, Deadline._meta.db_table,
             TimerRole._meta.db_table, ShopMove._meta.db_table, Act._meta.db_table,
             # What the shop's close tells the outside world (notices), and its own record of closes.
-            Notice._meta.db_table, Expiry._meta.db_table]))
+            Notice._meta.db_table, Expiry._meta.db_table,
+            # Each scenario's queue is new: a marker row left by the last would have its first
+            # consumer "rebuild" a queue Redis never lost.
+            QueueEpoch._meta.db_table]))
         connections.close_all()  # a fresh connection: the last scenario may have killed the server
         with connection.cursor() as cursor:
             cursor.execute("SET FOREIGN_KEY_CHECKS = 0")
@@ -256,7 +259,14 @@ class Lab:
         if not self.pools:
             return []  # no consumer ran: nobody was to crash, or to drain Redis
         crashes = [exit_ for pool in self.pools for exit_ in pool.unexpected_exits]
+        cluster = []
+        if self.servers.cluster:
+            # The run is about the cluster's paths only if the shards are spread over its nodes.
+            nodes = queueview.nodes_holding_the_queue()
+            cluster = [Check("the queue's shards were spread over the cluster's primaries", nodes > 1,
+                             f"the shards fell on {nodes} node(s)")]
         return [
+            *cluster,
             Check("no consumer crashed", not crashes,
                   "; ".join(f"consumer {e.slot} (pid {e.pid}) exited {e.status}" for e in crashes[:5])),
             Check("Redis drained: nothing pending or leased at the end, of any kind", bool(self.queue_drained),

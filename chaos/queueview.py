@@ -55,16 +55,33 @@ def inject_poison(due: datetime, tag: str) -> int:
     return 2 * len(queue.shards)
 
 
+def _on_every_primary() -> dict[str, Any]:
+    """The keyword that sends a server command to every primary of a Redis Cluster (redis-py
+    sends some, SAVE among them, to one node of its choice); none for a standalone server."""
+    client: Any = _queue().client
+    return {"target_nodes": client.PRIMARIES} if hasattr(client, "get_primaries") else {}
+
+
+def nodes_holding_the_queue() -> int:
+    """How many Redis servers hold the queue's keys now: 1 on a standalone server; on a Redis
+    Cluster, the primaries its shards' hash tags fell on."""
+    queue = _queue()
+    client: Any = queue.client
+    if not hasattr(client, "get_node_from_key"):
+        return 1
+    return len({client.get_node_from_key(shard.keys.pending).name for shard in queue.shards})
+
+
 def snapshot() -> None:
     """SAVE: the queue's Redis writes all it holds to disk now, and a restart loads that back: the
     copy a replica holds that missed every write after it."""
-    _queue().client.save()
+    _queue().client.save(**_on_every_primary())
 
 
 def flush() -> None:
     """FLUSHDB of the queue's Redis database: every member of every kind gone at once, the rows
     untouched (what an operator's FLUSHDB, or a cache.clear() on the queue's alias, does)."""
-    _queue().client.flushdb()
+    _queue().client.flushdb(**_on_every_primary())
 
 
 def quarantined() -> int:

@@ -30,6 +30,9 @@ def markdown(run: dict[str, Any]) -> str:
         f"REMINDERS [{', '.join(f'{lead:g}' for lead in tuning.get('reminders', ()))}] in `reminders` "
         f"and `every-kind` only; "
         f"order model {tuning['order_model']}.",
+        "The queue's Redis: " + (f"a Redis Cluster of three primaries, SHARDS {tuning.get('shards', 1)}; every "
+                                 "Redis fault is done to every node." if run.get("redis_cluster")
+                                 else "one server."),
         "",
         "| scenario | cohort | must end | orders | closed | dead letters | paid | max late (s) "
         "| p99 late (s) | max after heal (s) | bound (s) | holds |",

@@ -154,9 +154,16 @@ class PrivateRedis(Server):
         persistence = (["--appendonly", "yes", "--appendfsync", "always"] if aof
                        else ["--appendonly", "no"])
         self._spawn(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                     "--save", "", "--dir", str(data), *persistence])
+                     "--save", "", "--dir", str(data), *persistence, *self._mode()])
         assert self.proc is not None
         _wait_for(self.answers, "Redis", timeout, self.proc)
+
+    def _mode(self) -> list[str]:
+        """Further ``redis-server`` options: none for a standalone server."""
+        return []
+
+    def logs(self) -> list[Path]:
+        return [self.directory / "redis.out"]
 
     def answers(self) -> bool:
         import redis
@@ -167,10 +174,118 @@ class PrivateRedis(Server):
             return False
 
 
+class ClusterNode(PrivateRedis):
+    """One primary of a private Redis Cluster: its cluster bus on a free port of its own, and
+    its node table (``nodes.conf``) in its data directory, so a restart rejoins the cluster
+    with the slots it had (and, without persistence, none of its keys)."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.bus_port = free_port()
+
+    def _mode(self) -> list[str]:
+        return ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                "--cluster-port", str(self.bus_port), "--cluster-node-timeout", "2000"]
+
+    def cluster_ok(self) -> bool:
+        import redis
+
+        try:
+            info = redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1).cluster("info")
+        except redis.RedisError:
+            return False
+        return info.get("cluster_state") == "ok" and str(info.get("cluster_slots_ok")) == "16384"
+
+
+class PrivateRedisCluster:
+    """The queue's Redis as a Redis Cluster of three primaries (``--redis-cluster``).
+
+    It takes the faults a standalone server takes, on every node at once: a
+    SIGKILL, a restart (empty, from each node's snapshot, or from its
+    append-only file: each node keeps its slots), a freeze and a thaw. The
+    scenarios cannot tell it from one server but for the URL.
+    """
+
+    name = "redis-cluster"
+    size = 3
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.nodes = [ClusterNode(directory / f"node-{index}") for index in range(self.size)]
+        self.created = False
+
+    @property
+    def port(self) -> int:
+        return self.nodes[0].port
+
+    @property
+    def url(self) -> str:
+        """The seed node: the client discovers the others from it."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def running(self) -> bool:
+        return all(node.running for node in self.nodes)
+
+    def start(self, *, aof: bool = False, fresh: bool = False, timeout: float = 30) -> None:
+        """Start every node; a fresh start (or a first) creates the cluster, a later one waits for
+        the nodes to find each other again. Returns once every slot is served."""
+        for node in self.nodes:
+            node.directory.mkdir(parents=True, exist_ok=True)
+            node.start(aof=aof, fresh=fresh, timeout=timeout)
+        if fresh or not self.created:
+            # A node writes its table at its first start, alone in it: the cluster is made here.
+            self._create()
+            self.created = True
+        deadline = time.monotonic() + timeout
+        while not all(node.cluster_ok() for node in self.nodes):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the private Redis Cluster did not become ok within {timeout:g}s")
+            time.sleep(0.05)
+
+    def _create(self) -> None:
+        with (self.directory / "create.out").open("ab") as log:
+            subprocess.run(["redis-cli", "--cluster", "create",
+                            *(f"127.0.0.1:{node.port}" for node in self.nodes),
+                            "--cluster-replicas", "0", "--cluster-yes"],
+                           stdout=log, stderr=subprocess.STDOUT, check=True)
+
+    def answers(self) -> bool:
+        return all(node.cluster_ok() for node in self.nodes)
+
+    def kill(self) -> None:
+        for node in self.nodes:
+            node.kill()
+
+    def freeze(self) -> None:
+        for node in self.nodes:
+            node.freeze()
+
+    def thaw(self) -> None:
+        for node in self.nodes:
+            node.thaw()
+
+    def logs(self) -> list[Path]:
+        return [log for node in self.nodes for log in node.logs()]
+
+
 @dataclass
 class Servers:
     mariadb: PrivateMariaDB
-    redis: PrivateRedis
+    # The queue's Redis, which the scenarios fault: a standalone server or a cluster.
+    redis: PrivateRedis | PrivateRedisCluster
+    # With a cluster for the queue, the shop's cache (django-redis, one server) has its own,
+    # which no scenario touches.
+    cache: PrivateRedis | None = None
+
+    @property
+    def cluster(self) -> bool:
+        return isinstance(self.redis, PrivateRedisCluster)
+
+    def kill_all(self) -> None:
+        for server in (self.redis, self.cache, self.mariadb):
+            if server is not None:
+                server.kill()
 
 
 def child_environment(servers: Servers, tuning: Tuning) -> dict[str, str]:
@@ -183,8 +298,12 @@ def child_environment(servers: Servers, tuning: Tuning) -> dict[str, str]:
     inherited = {key: value for key, value in os.environ.items()
                  if not key.startswith(("ORDER_TIMEOUT_", "CHAOS_", "SHOP_", "BENCH"))
                  and key not in ("REDIS_CLUSTER_URL", "CELERY_BROKER_URL", "CONN_MAX_AGE")}
+    if servers.cache is not None:
+        redis = {"REDIS_URL": servers.cache.url, "REDIS_CLUSTER_URL": servers.redis.url}
+    else:
+        redis = {"REDIS_URL": servers.redis.url}
     return {**inherited, **tuning.environment(), "DJANGO_SETTINGS_MODULE": "chaos.settings",
-            "DATABASE_URL": servers.mariadb.url, "REDIS_URL": servers.redis.url,
+            "DATABASE_URL": servers.mariadb.url, **redis,
             # Persistent connections, as a long-running consumer has them.
             "CONN_MAX_AGE": "600", "SHOP_RECORD_EXPIRIES": "0",
             "PYTHONPATH": root, "PYTHONUNBUFFERED": "1"}

@@ -14,6 +14,15 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from order_timeout.conf import DEFAULTS
+
+# Shards of a --redis-cluster run's queue: as many as the private cluster has primaries.
+CLUSTER_SHARDS = 3
+
+# The app's own LEASE_SECONDS, for the scenarios that show a death costs a heartbeat, not a
+# lease: their consumers run with it instead of the tuning's short one.
+DEFAULT_LEASE_SECONDS = float(DEFAULTS["LEASE_SECONDS"])
+
 
 @dataclass(frozen=True)
 class Tuning:
@@ -48,6 +57,8 @@ class Tuning:
     # as the default does, from half a second: a target back is found within a step of it.
     notice_retry_delays: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
     key_prefix: str = "chaos"
+    # SHARDS: one on a standalone Redis; on a cluster, one per primary (CLUSTER_SHARDS).
+    shards: int = 1
     order_model: str = "order_timeout.Order"
 
     def environment(self) -> dict[str, str]:
@@ -65,6 +76,7 @@ class Tuning:
         # Read by the test project itself, as "0.5,1,2".
         env["ORDER_TIMEOUT_NOTICE_RETRY_DELAYS"] = ",".join(f"{delay:g}" for delay in self.notice_retry_delays)
         env["ORDER_TIMEOUT_KEY_PREFIX"] = self.key_prefix
+        env["ORDER_TIMEOUT_SHARDS"] = str(self.shards)
         env["ORDER_TIMEOUT_ORDER_MODEL"] = self.order_model
         return env
 
