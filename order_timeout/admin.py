@@ -14,10 +14,10 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _, ngettext
 
-from . import get_order_model
 from .conf import settings
 from .exceptions import QueueUnavailable, Refused
 from .models import DeadLetter, Deadline, Notice, Order, QueueEpoch, Reminder, TimeoutOverview
+from .ordermodel import get_order_model
 from .reporting import overview
 from .timers import staff
 

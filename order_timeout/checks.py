@@ -10,8 +10,8 @@ from django.core import checks
 from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured
 from django.db import models
 
-from . import get_order_model
 from .conf import settings
+from .ordermodel import get_order_model
 from .redaction import masked
 
 # Every check of this app also carries this tag, so ``check --deploy --tag order_timeout``

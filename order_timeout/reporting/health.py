@@ -13,9 +13,9 @@ from typing import Any
 from django.db import router
 from django.utils import timezone
 
-from .. import get_order_model
 from ..conf import settings
 from ..models import DeadLetter, TimeoutOrderMixin
+from ..ordermodel import get_order_model
 from ..queue import QueueStats, TimeoutQueue
 from ..queue.keys import REMIND
 from ..timers.closes import OrderTimeout

@@ -18,9 +18,9 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _, ngettext
 
-from .. import get_order_model
 from ..conf import settings
 from ..models import TIMEOUT_REASON, TimeoutOrderMixin
+from ..ordermodel import get_order_model
 from .health import Health, measure
 
 # How far back the chart looks, and how many closes it reads at most.

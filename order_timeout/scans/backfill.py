@@ -21,10 +21,10 @@ from django.db import models, router, transaction
 from django.db.models import F, Max, Min
 from django.utils import timezone
 
-from .. import get_order_model
 from ..conf import settings
 from ..db.primary import on_primary
 from ..models import DeadLetter, TimeoutOrderMixin
+from ..ordermodel import get_order_model
 from ..queue import TimeoutQueue
 from ..scheduling import schedule
 from ..timers.kind import Timer

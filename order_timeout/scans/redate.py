@@ -27,10 +27,10 @@ from django.db import router, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from .. import get_order_model
 from ..conf import settings
 from ..db.primary import on_primary
 from ..models import DeadLetter, PolicyFailed, TimeoutOrderMixin, policy_answer
+from ..ordermodel import get_order_model
 from ..scheduling import schedule
 from ..timers.deadlines import OutsideDeadlines
 from ..timers.kind import Timer

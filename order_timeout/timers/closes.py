@@ -16,11 +16,11 @@ from typing import Any
 
 from django.db.models import Q
 
-from .. import get_order_model
 from ..conf import settings
 from ..db.keys import KeysIn
 from ..db.locks import LockedOrders, lock_orders
 from ..models import HOLD_EXPIRED_REASON, TIMEOUT_REASON
+from ..ordermodel import get_order_model
 from ..queue.keys import CLOSE
 from ..signals import order_expired, orders_expired
 from .acting import run_batch_receiver, run_receiver

@@ -27,8 +27,8 @@ from django.db.models import Q
 from django.db.models.signals import post_delete, post_init, post_save, pre_save
 
 from ..exceptions import OrderClosed, StaleOrderStatus
-from ..scheduling import follow, forget
 from .kind import NOW
+from .syncing import follow, forget
 
 if TYPE_CHECKING:
     from .kind import Timer

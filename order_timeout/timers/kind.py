@@ -192,13 +192,13 @@ class Timer:
     def schedule(self, rows: Any) -> None:
         """Make Redis follow these rows after commit (after ``bulk_create()`` or ``update()``,
         which send no signals; a save does it by itself)."""
-        from ..scheduling import follow
+        from .syncing import follow
 
         follow([self], rows)
 
     def unschedule(self, rows: Any) -> None:
         """Take these rows off this timer's queue after commit."""
-        from ..scheduling import forget
+        from .syncing import forget
 
         forget([self], rows)
 

@@ -103,7 +103,7 @@ class Notices(Timer):
     def schedule_members(self, using: str, deadlines: dict[str, int]) -> None:
         """After the commit on ``using``, these members at their scores (new notices: nothing to
         forget, no row to read again)."""
-        from ..scheduling import follow_members
+        from .syncing import follow_members
 
         follow_members(self, using, deadlines)
 

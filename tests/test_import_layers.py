@@ -1,0 +1,79 @@
+"""The app's modules import each other in layers: ``scheduling`` (the order model's bridge to the
+queue) uses the kinds of ``timers``; nothing ``timers`` imports, at any depth, imports it back.
+
+Read from the source (every ``import``, at module level, in a function or under
+``TYPE_CHECKING``), not from what happens to be loaded: a circle hidden in a function is
+still a circle a reader has to follow.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import order_timeout
+
+PACKAGE = Path(order_timeout.__file__).parent
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """The ``order_timeout`` modules ``path`` imports (a name imported from a package counts
+    as its module when there is one)."""
+    here = module_name(path)
+    package = here if path.name == "__init__.py" else here.rsplit(".", 1)[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[:len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in node.names}
+    return {name for name in found if name.startswith("order_timeout")}
+
+
+def graph() -> dict[str, set[str]]:
+    modules = {module_name(path): path for path in PACKAGE.rglob("*.py") if "migrations" not in path.parts}
+    return {name: imports_of(path) & set(modules) for name, path in modules.items()}
+
+
+def reachable(edges: dict[str, set[str]], start: str) -> dict[str, str]:
+    """Every module reachable from ``start``, each with the module it was first reached from."""
+    seen: dict[str, str] = {}
+    todo = [start]
+    while todo:
+        current = todo.pop()
+        for target in sorted(edges.get(current, ())):
+            if target not in seen:
+                seen[target] = current
+                todo.append(target)
+    return seen
+
+
+def test_nothing_the_timers_import_imports_scheduling_back() -> None:
+    edges = graph()
+    timers = [name for name in edges if name.startswith("order_timeout.timers")]
+    circles = []
+    for name in timers:
+        came_from = reachable(edges, name)
+        if "order_timeout.scheduling" in came_from:
+            path, step = ["order_timeout.scheduling"], "order_timeout.scheduling"
+            while step != name:
+                step = came_from[step]
+                path.append(step)
+            circles.append(" -> ".join(reversed(path)))
+    assert timers and not circles, "\n".join(circles)
+
+
+def test_scheduling_uses_the_timers() -> None:
+    # The layer this file guards: were it to stop importing them, the test above would guard nothing.
+    assert {"order_timeout.timers.syncing", "order_timeout.timers.registry"} <= graph()["order_timeout.scheduling"]
