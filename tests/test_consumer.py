@@ -24,7 +24,7 @@ from order_timeout.models import Order
 from order_timeout.queue import TimeoutQueue
 from order_timeout.queue.wakeups import WakeListener
 from order_timeout.scheduling import order_kinds
-from order_timeout.signals import orders_expired
+from order_timeout.signals import order_expired, orders_expired
 from order_timeout.timers.members import deadline_score, now_score
 from testproject.shop.models import Expiry, Purchase
 
@@ -535,6 +535,58 @@ def test_batch_signal_fires_once_per_batch_with_every_closed_order(consumer, mak
 
     assert sorted(len(batch) for batch in batches) == [2, 3]
     assert sorted(pk for batch in batches for pk in batch) == sorted(o.pk for o in orders)
+
+
+def test_a_receiver_connected_after_the_kinds_closed_a_batch_hears_the_next_closes(consumer, make_order,
+                                                                                  order_model):
+    # Whether anyone listens is asked per batch (a batch nobody listens to sends nothing), not
+    # kept by the kinds (the registry's, shared by every consumer of the process): a receiver a
+    # shop connects later, in a ready() or a test, is not missed.
+    first = make_order(in_seconds=-1)
+    assert consumer().run(once=True).closed == 1
+    heard, batches = [], []
+
+    def on_expired(sender, order, **kwargs):
+        heard.append(order.pk)
+
+    def on_batch(sender, orders, **kwargs):
+        batches.append([order.pk for order in orders])
+
+    order_expired.connect(on_expired, sender=order_model, weak=False)
+    orders_expired.connect(on_batch, sender=order_model, weak=False)
+    try:
+        later = [make_order(in_seconds=-1) for _ in range(2)]
+        assert consumer().run(once=True).closed == 2
+    finally:
+        order_expired.disconnect(on_expired, sender=order_model)
+        orders_expired.disconnect(on_batch, sender=order_model)
+    assert sorted(heard) == sorted(order.pk for order in later) and first.pk not in heard
+    assert [sorted(batch) for batch in batches] == [sorted(order.pk for order in later)]
+
+
+@contextmanager
+def no_receivers(*signals):
+    """Every receiver of ``signals`` away while inside (a shop that listens to neither)."""
+    kept = [(signal, signal.receivers[:]) for signal in signals]
+    for signal in signals:
+        signal.receivers.clear()
+        signal.sender_receivers_cache.clear()
+    try:
+        yield
+    finally:
+        for signal, receivers in kept:
+            signal.receivers[:] = receivers
+            signal.sender_receivers_cache.clear()
+
+
+def test_a_shop_that_listens_to_no_close_has_its_orders_closed_all_the_same(consumer, make_order):
+    orders = [make_order(in_seconds=-1) for _ in range(3)]
+    paid = make_order(in_seconds=-1)
+    paid.mark_paid()
+    with no_receivers(order_expired, orders_expired):
+        stats = consumer().run(once=True)
+    assert (stats.closed, stats.failed) == (3, 0)
+    assert [state(order) for order in orders] == ["closed"] * 3 and state(paid) == "paid"
 
 
 def test_a_raising_batch_receiver_makes_the_batch_close_one_order_at_a_time(consumer, make_order):

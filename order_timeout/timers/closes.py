@@ -119,14 +119,20 @@ class OrderTimeout(OnOrderModel):
             manager.filter(model.unpaid_q(), KeysIn([order.pk for order in group])).update(**values[reason])
         previous_statuses: dict[Key, Any] = {}
         using = self.using
+        # Asked once a batch (a receiver connected while the consumer runs hears the next one):
+        # with none for this model, no send per order, and no batch of copies to hand over.
+        per_order = order_expired.has_listeners(model)
+        per_batch = orders_expired.has_listeners(model)
         for order in orders:
             previous = previous_statuses[order.pk] = order.timeout_status
             order._apply_close(values[order._timeout_close_reason])
-            run_receiver(order.pk, using,
-                         partial(order_expired.send, sender=model, order=order, previous_status=previous))
+            if per_order:
+                run_receiver(order.pk, using,
+                             partial(order_expired.send, sender=model, order=order, previous_status=previous))
             if progress is not None:
                 progress()
-        # A batch receiver that raises fails the whole batch; acting then gives each order a
-        # batch of its own.
-        run_batch_receiver(partial(orders_expired.send, sender=model, orders=orders,
-                                   previous_statuses=previous_statuses))
+        if per_batch:
+            # A batch receiver that raises fails the whole batch; acting then gives each order a
+            # batch of its own.
+            run_batch_receiver(partial(orders_expired.send, sender=model, orders=orders,
+                                       previous_statuses=previous_statuses))
