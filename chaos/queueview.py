@@ -72,6 +72,26 @@ def nodes_holding_the_queue() -> int:
     return len({client.get_node_from_key(shard.keys.pending).name for shard in queue.shards})
 
 
+def left_behind(limit: int = 5) -> list[str]:
+    """What is still pending or leased, for the report of a run that did not drain: per member,
+    its kind, shard, score or lease expiry (ms from now), the claim holding it, and the
+    heartbeats the shard holds then (consumer: beat until, ms from now)."""
+    now = now_score(timezone.now())
+    found: list[str] = []
+    for kind in _kinds():
+        queue = _queue(kind)
+        for shard in queue.shards:
+            keys, client = shard.keys, queue.client
+            beats = {k.decode(errors="replace"): int(v) - now
+                     for k, v in client.zrange(keys.consumers, 0, -1, withscores=True)}
+            for name, key in (("pending", keys.pending), ("leased", keys.leased)):
+                for member, score in client.zrange(key, 0, limit - 1, withscores=True):
+                    owner = client.hget(keys.owners, member)
+                    found.append(f"{kind or 'close'} {keys.tag} {name} {member.decode(errors='replace')} "
+                                 f"at {int(score) - now:+d} ms, claim {owner!r}, heartbeats {beats}")
+    return found[:limit]
+
+
 def snapshot() -> None:
     """SAVE: the queue's Redis writes all it holds to disk now, and a restart loads that back: the
     copy a replica holds that missed every write after it."""
