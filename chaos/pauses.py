@@ -15,6 +15,7 @@ deletes scenario deletes rows whose members are leased.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -22,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from django.db.backends.signals import connection_created
+
+# The "IN (3, 41, 5)" of a locking statement whose keys are integers.
+_INLINE_KEYS = re.compile(r"\bIN \(([0-9]+(?:, ?[0-9]+)*)\)")
 
 
 def pause_once(order_id: Any, where: str) -> None:
@@ -45,10 +49,13 @@ def _pause_before_locking(execute: Callable[..., Any], sql: str, params: Any, ma
 
     from .models import Role
 
-    if "FOR UPDATE" in sql and params and get_order_model()._meta.db_table in sql:
+    if "FOR UPDATE" in sql and get_order_model()._meta.db_table in sql:
         time.sleep(float(os.environ.get("CHAOS_LOCK_DELAY", 0)))
         if os.environ.get("CHAOS_PAUSE_DIR"):
-            ids = [value for value in params if isinstance(value, int)]
+            # Integer keys of a batch are written into the statement as digits (db/keys.py, KeysIn);
+            # other keys, and a batch of one, come as parameters.
+            ids = [value for value in params or () if isinstance(value, int)]
+            ids += [int(digits) for found in _INLINE_KEYS.findall(sql) for digits in found.split(",")]
             chosen = Role.objects.filter(order_id__in=ids, behaviour=Role.Behaviour.PAUSE_AFTER_CLAIM)
             for order_id in chosen.values_list("order_id", flat=True):
                 pause_once(order_id, "claim")
