@@ -9,11 +9,14 @@ class BenchConfig(AppConfig):
     name = "bench"
 
     def ready(self) -> None:
-        from order_timeout.signals import order_expired
+        from order_timeout.signals import order_expired, order_keys_expired
 
         from . import recorder
 
-        order_expired.connect(recorder.receiver(), dispatch_uid="bench.recorder")
+        if recorder.records_keys():
+            order_keys_expired.connect(recorder.on_keys_expired, dispatch_uid="bench.recorder")
+        else:
+            order_expired.connect(recorder.receiver(), dispatch_uid="bench.recorder")
         recorder.dump_at_exit()
         if os.environ.get("BENCH_CELERY_NOTICES") == "1":
             # The Celery notices peer (bench/peers/celery_notices.py): the shop's receiver that

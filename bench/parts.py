@@ -30,12 +30,13 @@ PROMISES = {
     "claim (Lua, into the lease set)": "a crashed consumer loses nothing: members are leased, not deleted",
     "locking SELECT (statement)": "the row is re-checked under its lock, by the database's clock: a paid "
                                   "order is never closed, a payment before the deadline never refused",
-    "rows into model instances": "order_expired / orders_expired receive the shop's own model instances",
+    "rows read under the lock": "the re-check's columns; the model's instances only for a receiver that "
+                                "takes them (order_expired, orders_expired)",
     "conditions (holds, settled)": "a payment in flight holds its order (one statement per batch)",
     "UPDATE (statement)": "the close itself (the floor does the same)",
-    "order_expired per order": "the shop's per-order receivers (here: the benchmark's commit recorder)",
-    "orders_expired per batch": "the shop's batch receivers, in the same transaction (ours_notices: "
-                                "notify_many() but its INSERT, and the notices' members a lease late in Redis)",
+    "order_expired per order": "the shop's per-order receivers (ours_per_order: the benchmark's recorder)",
+    "batch receivers": "orders_expired / order_keys_expired, in the same transaction (the benchmark's recorder of "
+                       "keys; ours_notices: notify_many() but its INSERT, and the notices' members a lease late)",
     "INSERT (statement)": "the shop's own rows (ours_shop_batch: its status changes) or the notices' (ours_notices: "
                           "a notice exists exactly when its close committed)",
     "transaction (BEGIN, COMMIT)": "receivers commit with the close or roll back with it",
@@ -101,9 +102,9 @@ def _wrapped(parts: Parts) -> Iterator[None]:
         parts.wrap(BaseDatabaseWrapper, name, "transaction (BEGIN, COMMIT)")
     parts.wrap(Shard, "claim", "claim (Lua, into the lease set)")
     parts.wrap(lifecycle.Lifecycle, "_settle", "ack (Redis)")
-    parts.wrap(locks, "lock_orders", "rows into model instances")
+    parts.wrap(locks, "lock_orders", "rows read under the lock")
     parts.wrap(acting, "run_receiver", "order_expired per order")
-    parts.wrap(acting, "run_batch_receiver", "orders_expired per batch")
+    parts.wrap(acting, "run_batch_receiver", "batch receivers")
     parts.wrap(lifecycle.Lifecycle, "process", "lifecycle bookkeeping")
     # The kinds import these by name: where they are called from must see the wrapped ones.
     rebound = {"lock_orders": locks, "run_receiver": acting, "run_batch_receiver": acting}
@@ -130,7 +131,7 @@ def _due_orders(model: Any, count: int) -> list[Any]:
 
 
 def ours(count: int, *, model_label: str = "order_timeout.Order", hold: bool = False,
-         batch_receivers: bool = False, notices: bool = False) -> dict[str, float]:
+         batch_receivers: bool = False, notices: bool = False, per_order: bool = False) -> dict[str, float]:
     """Microseconds per closed order, by part, for one consumer closing ``count`` due orders.
 
     ``notices``: the shop's ``orders_expired`` receiver writes a webhook notice per order, as in the
@@ -142,7 +143,7 @@ def ours(count: int, *, model_label: str = "order_timeout.Order", hold: bool = F
 
     from order_timeout import schedule
     from order_timeout.consumer import Consumer
-    from order_timeout.signals import order_expired
+    from order_timeout.signals import order_expired, order_keys_expired
     from order_timeout.timers.registry import ORDER_TIMEOUT
 
     from . import recorder
@@ -165,7 +166,11 @@ def ours(count: int, *, model_label: str = "order_timeout.Order", hold: bool = F
     if hold:
         overrides["HOLD_CONDITION"] = "testproject.shop.payments.in_flight"
     parts = Parts()
-    order_expired.connect(recorder.on_expired, dispatch_uid="bench.parts.recorder")
+    # The benchmark's recorder as the row's closers run it: the batch's keys, or (per_order) an
+    # order_expired receiver per order.
+    signal, record = (order_expired, recorder.on_expired) if per_order else (order_keys_expired,
+                                                                            recorder.on_keys_expired)
+    signal.connect(record, dispatch_uid="bench.parts.recorder")
     with override_settings(ORDER_TIMEOUT=overrides), _shop_receivers(batch_receivers), _notices(notices):
         consumer = Consumer(model=model, batch_size=500, kinds=[ORDER_TIMEOUT] if notices else None)
         consumer.sync_clock()
@@ -178,7 +183,7 @@ def ours(count: int, *, model_label: str = "order_timeout.Order", hold: bool = F
             while empty < 2:
                 empty = 0 if consumer.run_once().members else empty + 1
             total = time.perf_counter() - began
-    order_expired.disconnect(dispatch_uid="bench.parts.recorder")
+    signal.disconnect(dispatch_uid="bench.parts.recorder")
     recorder._commits.clear()
     closed = count - held
     parts.seconds["lifecycle bookkeeping"] += total - sum(parts.seconds.values())
@@ -285,6 +290,7 @@ def floor(count: int) -> dict[str, float]:
 
 ROWS: dict[str, dict[str, Any]] = {
     "ours": {},
+    "ours_per_order": {"per_order": True},
     "ours_held": {"hold": True},
     "ours_shop_batch": {"model_label": "shop.ShopOrder", "batch_receivers": True},
     "ours_notices": {"notices": True},

@@ -10,6 +10,11 @@ written the moment it commits instead, one ``write`` to a file opened with
 O_APPEND, so the records of a process killed with SIGKILL survive it; the
 other workloads keep the cheap records at exit.
 
+With BENCH_RECORD_KEYS=1 (our rows but the per-order one) the recorder is an
+``order_keys_expired`` receiver instead: one ``on_commit`` per batch that stamps the batch's
+keys at its COMMIT, the way the floor records its own, so a row with no receiver of its own
+builds no instance and sends no per-order signal for the benchmark's sake.
+
 With BENCH_RECORD_AT_COMMIT=1 (the notices rows) every order of a transaction
 is recorded at one instant, its COMMIT's, taken by the transaction's first
 ``on_commit`` callback: a row whose own receivers register slow callbacks after
@@ -80,6 +85,25 @@ def on_expired_at_commit(sender: Any, order: Any, **kwargs: Any) -> None:
         transaction.on_commit(_open.stamp)  # outside a transaction: runs now, with this order
         return
     _open.pks.append(order.pk)
+
+
+def on_keys_expired(sender: Any, keys: list[Any], **kwargs: Any) -> None:
+    """``order_keys_expired`` (BENCH_RECORD_KEYS=1): the batch's keys, stamped together when it
+    commits, as the floor records its own after its COMMIT. No instance is built for it."""
+    pks = list(keys)
+
+    def stamp() -> None:
+        at = time.time()
+        if eager():
+            append([(pk, at) for pk in pks])
+        else:
+            _commits.extend((pk, at) for pk in pks)
+
+    transaction.on_commit(stamp)
+
+
+def records_keys() -> bool:
+    return os.environ.get("BENCH_RECORD_KEYS") == "1"
 
 
 def receiver() -> Callable[..., None]:

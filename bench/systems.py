@@ -48,6 +48,9 @@ class System:
     # The order model its closers close, and what its closers' processes need to know of it.
     model_label = "order_timeout.Order"
     extra_env: dict[str, str] = {}
+    # Whether its closers record their commits from ``order_keys_expired`` (a batch's keys, as the
+    # floor does) rather than from an ``order_expired`` receiver per order (bench/recorder.py).
+    records_keys = False
     # The idle workload only tells something new for a new way of waiting; the crash workload
     # (bench/crash.py) runs last, on closers of its own.
     workloads: tuple[str, ...] = ("idle", "steady", "burst", "crash")
@@ -140,7 +143,8 @@ class System:
         self.env = {**os.environ, "BENCH": "1", "SHOP_RECORD_EXPIRIES": "0", "SHOP_RECORD_REMINDERS": "0",
                     "SHOP_TIMERS": "0", "SHOP_NOTICES": "0", "CONN_MAX_AGE": "600",
                     "BENCH_RECORD_DIR": str(self.record_dir), "PYTHONPATH": str(self.root),
-                    "ORDER_TIMEOUT_ORDER_MODEL": self.model_label, **self.extra_env, **self.phase_env}
+                    "ORDER_TIMEOUT_ORDER_MODEL": self.model_label,
+                    "BENCH_RECORD_KEYS": "1" if self.records_keys else "0", **self.extra_env, **self.phase_env}
         for command in self.commands():
             proc, log = self._launch(command)
             self.procs.append(proc)
@@ -262,6 +266,8 @@ class Ours(System):
                   "rows at once, no beat needed.")
     crash_freezes: tuple[tuple[str, int, str], ...] = (("crash_frozen", 0, "a consumer"),)
     loses_redis = True
+    # The benchmark's recorder takes the batch's keys: the row pays for no receiver of its own.
+    records_keys = True
 
     def commands(self) -> list[list[str]]:
         # BENCH_CONSUMER_VERBOSITY=1 logs every batch (with its time) to the closers' stderr files.
@@ -321,6 +327,20 @@ class Ours(System):
             queue.schedule({str(pk): score for pk in range(start, min(start + CHUNK, FAKE_PK + count))})
 
 
+class OursPerOrder(Ours):
+    """Ours with the benchmark's recorder as an ``order_expired`` receiver, per order: what a shop's
+    per-order receiver costs (an instance per order, a send per order), as every row paid before
+    issue 28."""
+
+    name, label = "ours_per_order", "django-order-timeout, an order_expired receiver per order"
+    records_keys = False
+    workloads = ("burst",)
+    measures_create = False
+    crash_in_quick = False
+    crash_freezes = ()
+    loses_redis = False
+
+
 class OursNotices(Ours):
     """Ours with one webhook notice per closed order (issue 26): the shop's ``orders_expired``
     receiver writes them (one INSERT per batch, in the close's transaction) and the consumers
@@ -332,6 +352,7 @@ class OursNotices(Ours):
     # The webhook alone (SHOP_EMAIL_NOTICES=0: no e-mail notice); each order recorded at its
     # COMMIT, as the Celery peer's are (bench/recorder.py).
     extra_env = {"SHOP_NOTICES": "1", "SHOP_EMAIL_NOTICES": "0", "BENCH_RECORD_AT_COMMIT": "1"}
+    records_keys = False  # recorded at COMMIT per order, as the Celery notices peer is
     workloads = ("steady", "burst", "crash")
     measures_create = False
     crash_in_quick = False
@@ -578,8 +599,8 @@ def _in_an_hour() -> Any:
 def _systems() -> dict[str, type[System]]:
     from .peers import peer_systems
 
-    return {cls.name: cls for cls in (Floor, Ours, OursReminders, OursHeld, OursShop, OursShopBatch, OursNotices,
-                                      Polling, SeedZset, CeleryEta, *peer_systems())}
+    return {cls.name: cls for cls in (Floor, Ours, OursPerOrder, OursReminders, OursHeld, OursShop, OursShopBatch,
+                                      OursNotices, Polling, SeedZset, CeleryEta, *peer_systems())}
 
 
 SYSTEMS: dict[str, type[System]] = _systems()

@@ -16,6 +16,13 @@ rather than one per order (a ``bulk_create`` of status-change rows, one
 receiver raised and the batch is closed again one order at a time, it is sent
 once per order instead.)
 
+``order_keys_expired(sender=OrderModel, keys=[pk, ...], reasons={pk: reason})`` is sent
+once per closed batch, in the same transaction, with the closed orders' primary keys and
+each one's ``close_reason`` only: for a receiver that needs no instance (an audit, a cache to
+clear, a counter). A batch that nothing asks instances for (no ``order_expired`` or
+``orders_expired`` receiver for the model) is locked and closed without building any: its
+rows are read as their keys and the two columns the re-check needs.
+
 ``deadline_approaching(sender=OrderModel, order=order, seconds_left=N)`` is
 sent once for each of ``ORDER_TIMEOUT["REMINDERS"]`` (N seconds before the
 deadline) of each unpaid order, inside a transaction that locks the row and
@@ -37,5 +44,6 @@ from django.dispatch import Signal
 
 order_expired = Signal()
 orders_expired = Signal()
+order_keys_expired = Signal()
 deadline_approaching = Signal()
 timeout_state_changed = Signal()

@@ -55,11 +55,36 @@ class LockedOrders:
     settled: set[Any] = field(default_factory=set)
     # Each row's deadline, as the kind keeps it (filled in by the kind).
     deadlines: dict[Any, Any] = field(default_factory=dict)
+    # Whether ``rows`` are the model's instances (False: ``LockedRow``s, the columns asked for).
+    instances: bool = True
+
+
+class LockedRow:
+    """A locked row as the re-check reads it when nothing takes the model's instances: ``pk`` and
+    the columns it was locked for, as attributes (no ``Model.__init__``, no ``from_db``)."""
+
+    pk: Any
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for the type checker: every column asked for is in the instance's __dict__.
+        raise AttributeError(name)
+
+    def __repr__(self) -> str:
+        return f"<LockedRow {self.__dict__!r}>"
+
+
+def _locked_row(names: tuple[str, ...], values: tuple[Any, ...]) -> LockedRow:
+    row = LockedRow.__new__(LockedRow)
+    row.__dict__.update(zip(names, values, strict=False))  # values end with the clock
+    return row
 
 
 def lock_orders(manager: Any, pks: Sequence[Any], *, hold: Q | None = None, pending: Q | None = None,
-                settled: Q | None = None) -> LockedOrders:
+                settled: Q | None = None, columns: Sequence[str] | None = None) -> LockedOrders:
     """Lock ``pks``' rows inside the caller's transaction, skipping those locked elsewhere.
+
+    ``columns``: read only these (and the key) into ``LockedRow``s, not every column into the
+    model's instances; for a batch no receiver will see.
 
     ``hold``, ``pending`` and ``settled`` are each asked of the locked rows by one more statement
     of the same transaction, ``filter(condition, pk IN (...))``: one set-based join per batch,
@@ -76,9 +101,17 @@ def lock_orders(manager: Any, pks: Sequence[Any], *, hold: Q | None = None, pend
     locked = (manager.select_for_update(skip_locked=skip_locked).filter(KeysIn(pks)).order_by("pk")
               .annotate(_timeout_db_now=Case(When(pk=pks[0], then=DatabaseNow()), default=None,
                                              output_field=DateTimeField())))
-    found = LockedOrders(rows={order.pk: order for order in locked})
-    found.db_now = next((order._timeout_db_now for order in found.rows.values()
-                         if order._timeout_db_now is not None), None)
+    if columns is None:
+        found = LockedOrders(rows={order.pk: order for order in locked})
+        found.db_now = next((order._timeout_db_now for order in found.rows.values()
+                             if order._timeout_db_now is not None), None)
+    else:
+        names = ("pk", *columns)
+        found = LockedOrders(instances=False)
+        for values in locked.values_list(*names, "_timeout_db_now"):
+            found.rows[values[0]] = _locked_row(names, values)
+            if values[-1] is not None:
+                found.db_now = values[-1]
     if found.db_now is None and found.rows:
         # The first was locked elsewhere or is gone: one more statement, rarely.
         found.db_now = database_now(manager.db)

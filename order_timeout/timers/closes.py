@@ -18,14 +18,17 @@ from django.db.models import Q
 
 from ..conf import settings
 from ..db.keys import KeysIn
-from ..db.locks import LockedOrders, lock_orders
-from ..models import HOLD_EXPIRED_REASON, TIMEOUT_REASON
+from ..db.locks import LockedOrders, LockedRow, lock_orders
+from ..models import HOLD_EXPIRED_REASON, TIMEOUT_REASON, TimeoutOrderMixin
 from ..ordermodel import get_order_model
 from ..queue.keys import CLOSE
-from ..signals import order_expired, orders_expired
+from ..signals import order_expired, order_keys_expired, orders_expired
 from .acting import run_batch_receiver, run_receiver
 from .kind import Due, Timer
 from .outcome import Key, Outcome
+
+# How the mixin reads an order's status: a model that says it its own way gets instances.
+_READING_THE_STATUS = ("awaits_payment", "is_unpaid", "timeout_status")
 
 
 class OnOrderModel(Timer):
@@ -86,14 +89,30 @@ class OrderTimeout(OnOrderModel):
     def describe(self, key: Key) -> str:
         return f"order={key}"
 
+    def takes_instances(self) -> bool:
+        """Instances for a model whose receivers take them (``order_expired``, ``orders_expired``),
+        or whose way of reading its status is its own (it may read any field); otherwise the
+        batch is its keys, its status and its deadline."""
+        model = self.model
+        return (order_expired.has_listeners(model) or orders_expired.has_listeners(model)
+                or any(getattr(model, name) is not getattr(TimeoutOrderMixin, name, None)
+                       for name in _READING_THE_STATUS))
+
     def lock(self, manager: Any, pks: Any) -> LockedOrders:
-        locked = lock_orders(manager, pks, hold=self.hold_condition(), settled=self.settled_condition())
+        status = self.model.TIMEOUT_STATUS_FIELD
+        locked = lock_orders(manager, pks, hold=self.hold_condition(), settled=self.settled_condition(),
+                             columns=None if self.takes_instances() else (status, "expires_at"))
         locked.deadlines = {pk: order.expires_at for pk, order in locked.rows.items()}
         return locked
 
     def is_pending(self, row: Any, locked: LockedOrders) -> bool:
         # The row's own status, read in Python: no subquery per batch.
-        return bool(row.awaits_payment)
+        if locked.instances:
+            return bool(row.awaits_payment)
+        # As TimeoutOrderMixin.awaits_payment reads it (takes_instances() made sure it is that one).
+        model = self.model
+        return (getattr(row, model.TIMEOUT_STATUS_FIELD) in model.TIMEOUT_UNPAID_STATUSES
+                and row.expires_at is not None)
 
     def waits(self, row: Any) -> bool:
         return bool(row.awaits_payment)
@@ -106,8 +125,12 @@ class OrderTimeout(OnOrderModel):
         return due
 
     def act(self, due: list[Due], now: datetime, progress: Any = None) -> None:
-        """One UPDATE per close reason, ``order_expired`` per order, ``orders_expired`` per batch."""
+        """One UPDATE per close reason, ``order_expired`` per order, ``orders_expired`` per batch,
+        ``order_keys_expired`` per batch: each only when it has receivers."""
         orders = [order for _key, order in due]
+        if isinstance(orders[0], LockedRow):
+            self._act_on_keys(orders, now, progress)
+            return
         model = type(orders[0])
         manager = model._base_manager.db_manager(self.using)
         by_reason: dict[str, list[Any]] = {}
@@ -136,3 +159,22 @@ class OrderTimeout(OnOrderModel):
             # batch of its own.
             run_batch_receiver(partial(orders_expired.send, sender=model, orders=orders,
                                        previous_statuses=previous_statuses))
+        self._send_keys(model, {order.pk: order._timeout_close_reason for order in orders})
+
+    def _act_on_keys(self, rows: list[LockedRow], now: datetime, progress: Any) -> None:
+        """The batch no receiver takes instances of: the UPDATEs, and its keys to whoever asks."""
+        model = self.model
+        manager = model._base_manager.db_manager(self.using)
+        reasons = {row.pk: row._timeout_close_reason for row in rows}
+        for reason in set(reasons.values()):
+            keys = [key for key, its in reasons.items() if its == reason]
+            manager.filter(model.unpaid_q(), KeysIn(keys)).update(**model.closing_values(now, reason))
+        self._send_keys(model, reasons)
+        if progress is not None:
+            progress()
+
+    @staticmethod
+    def _send_keys(model: Any, reasons: dict[Key, str]) -> None:
+        if order_keys_expired.has_listeners(model):
+            run_batch_receiver(partial(order_keys_expired.send, sender=model, keys=list(reasons),
+                                       reasons=reasons))

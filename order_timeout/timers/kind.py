@@ -45,6 +45,8 @@ from .outcome import Key, Outcome
 
 # One key with its locked row, due now.
 Due = tuple[Key, Any]
+# What a kind may declare that reads its rows as the model's instances.
+_TAKING_INSTANCES = ("fire", "is_pending", "judge", "act")
 
 
 class _Now:
@@ -263,11 +265,23 @@ class Timer:
         seconds = settings.MAX_HOLD if self.max_hold is SETTING else self.max_hold
         return None if seconds is None else timedelta(seconds=seconds)
 
+    def takes_instances(self) -> bool:
+        """Whether this batch's rows must be the model's instances: when the kind declares a
+        ``fire()`` (it takes them), or a re-check or act of its own (it may read any field).
+        Otherwise the rows are locked as their keys and the columns the re-check reads, and no
+        instance is built. Asked once a batch."""
+        # Asked of this instance: a method set on it (a test's, a plugin's) counts as declared.
+        return any(getattr(getattr(self, name), "__func__", None) is not getattr(Timer, name)
+                   for name in _TAKING_INSTANCES)
+
     def lock(self, manager: Any, pks: Sequence[Any]) -> LockedOrders:
         """Lock the rows (one SELECT, the database's clock on it), and learn their deadlines."""
+        columns: tuple[str, ...] | None = None
+        if not self.takes_instances():
+            columns = (self.deadline,) if self.deadline is not None else ()
         locked = lock_orders(manager, pks, hold=self.hold_condition(),
                              pending=None if self.pending == Q() else self.pending,
-                             settled=self.settled_condition())
+                             settled=self.settled_condition(), columns=columns)
         locked.deadlines = self.deadlines.read(manager, locked.rows)
         return locked
 
@@ -314,10 +328,11 @@ class Timer:
         if values:
             # Locked and judged due by the database's clock: the condition cannot change now.
             manager.filter(self.pending, KeysIn([row.pk for row in rows])).update(**values)
+        if self.takes_instances():
             for row in rows:
                 for name, value in values.items():
                     setattr(row, name, value)
-        run_batch_receiver(lambda: self.fire(rows, now))
+            run_batch_receiver(lambda: self.fire(rows, now))
         self.deadlines.done(manager, [row.pk for row in rows])
         if progress is not None:
             progress()
