@@ -32,8 +32,9 @@ from .db import datetimes
 from .db.locks import validate_conditions
 from .exceptions import QueueUnavailable
 from .models import TimeoutOrderMixin
-from .queue import Claim, Lanes, TimeoutQueue
+from .queue import SLICE, Claim, Lanes, TimeoutQueue
 from .queue.lanes import ShardRota
+from .queue.shards import Shard
 from .queue.wakeups import WakeListener
 from .reporting.metrics import ConsumerMetrics
 from .scans.recovery import QueueRecovery
@@ -83,6 +84,15 @@ class Totals:
         if name in named:
             return named[name]
         raise AttributeError(name)
+
+
+@dataclass
+class _Unacked:
+    """A committed batch's done members, to ack on ``shard`` under the claim's ``token``."""
+
+    shard: Shard
+    token: str
+    members: list[str]
 
 
 @dataclass
@@ -208,6 +218,9 @@ class Consumer:
         self._refreshed_at = time.monotonic()
         # The last claim took a member over: the next lets due members go first.
         self._took_over = False
+        # The last batch's done members, committed and not acked yet: they go with the next claim
+        # of their shard, or at once before anything else (a sleep, a stop, another shard).
+        self._unacked: _Unacked | None = None
         # Set by a heartbeat that found a shard without its epoch marker: Redis lost the queue.
         self._epoch_missing = threading.Event()
         self.recovery = QueueRecovery(self.queue, self.queues, self.kinds)
@@ -236,13 +249,22 @@ class Consumer:
     # -- one batch ------------------------------------------------------
 
     def claim(self, now: datetime, due_by: datetime | None = None) -> Claim:
-        """Lease the next batch due by ``due_by`` (default ``now``), from the next lane due."""
+        """Lease the next batch due by ``due_by`` (default ``now``), from the next lane due; the
+        last batch's ack goes with it when it is of the same shard, else first, on its own."""
         due_ms = now_score(min(now, due_by) if due_by else now)
         lane = self.rota.next_due(due_ms)
         if lane is None:
+            self.flush_acks()
             return Claim(members=[], next_score=self.rota.earliest())
-        claim = self.lanes.shards[lane].claim(due_ms, self._limit_of_lane[lane], now_score(now) + self.lease_ms,
-                                              next(self._claims), due_first=self._took_over)
+        shard = self.lanes.shards[lane]
+        unacked = self._unacked
+        if unacked is not None and unacked.shard is not shard:
+            self.flush_acks()
+            unacked = None
+        claim = shard.claim(due_ms, self._limit_of_lane[lane], now_score(now) + self.lease_ms, next(self._claims),
+                            due_first=self._took_over,
+                            ack=(unacked.token, unacked.members) if unacked is not None else None)
+        self._unacked = None
         self._took_over = claim.takeovers > 0
         self.rota.claimed(lane, claim, full=len(claim.members) >= self._limit_of_lane[lane])
         return claim
@@ -260,7 +282,30 @@ class Consumer:
         return self.lifecycle.process(kind, queue, claim, now)
 
     def run_once(self, due_by: datetime | None = None) -> Claim:
-        """Claim and process one batch; returns the claim (empty when nothing was due)."""
+        """Claim and process one batch, acked before this returns; returns the claim (empty when
+        nothing was due)."""
+        try:
+            return self._run_once(due_by)
+        finally:
+            self.flush_acks()
+
+    def flush_acks(self) -> None:
+        """Ack the last batch now, if its ack is still waiting for a claim (a sleep, a stop)."""
+        unacked, self._unacked = self._unacked, None
+        if unacked is not None:
+            unacked.shard.forget(unacked.token, unacked.members)
+
+    def _ack_before_leaving(self) -> None:
+        """The last batch's ack, on the way out; if Redis does not take it, the leases run out (or
+        the heartbeat hands them over) and the row re-check lets the members go."""
+        try:
+            self.flush_acks()
+        except QueueUnavailable as exc:
+            logger.warning("Could not ack the last batch on leaving (%s); its members are taken over "
+                           "and found closed.", exc)
+
+    def _run_once(self, due_by: datetime | None) -> Claim:
+        """``run_once``, the batch's ack left for the next claim: the loop goes straight on."""
         close_old_connections()
         try:
             started = time.perf_counter()
@@ -270,7 +315,7 @@ class Consumer:
             if claim.members:
                 kind, queue = self.kind_of(claim)
                 try:
-                    report = self.lifecycle.process(kind, queue, claim, now)
+                    report = self.lifecycle.process(kind, queue, claim, now, ack=self._ack_later(queue, claim))
                 except DatabaseError:
                     self._release(queue, claim, now)
                     raise
@@ -279,6 +324,19 @@ class Consumer:
             return claim
         finally:
             close_old_connections()
+
+    def _ack_later(self, queue: TimeoutQueue, claim: Claim) -> Callable[[str, list[str]], None]:
+        """The lifecycle's ack for ``claim``: kept for the next claim of its shard (its members are
+        all of that shard, and the ack goes where their leases are)."""
+        shard = queue.shards[claim.shard]
+
+        def keep(token: str, members: list[str]) -> None:
+            if len(members) > SLICE:
+                shard.forget(token, members)  # more than one claim carries: at once, in slices
+            else:
+                self._unacked = _Unacked(shard, token, members)
+
+        return keep
 
     def _release(self, queue: TimeoutQueue, claim: Claim, now: datetime) -> None:
         """The database failed us, not the rows: put them back, due, without counting a takeover."""
@@ -326,6 +384,7 @@ class Consumer:
             abandoning = True
             raise
         finally:
+            self._ack_before_leaving()
             if heartbeat.thread.is_alive():
                 # Left raising (a second signal, a receiver stuck): its claims go to the others now.
                 heartbeat.close(abandon=abandoning)
@@ -359,7 +418,7 @@ class Consumer:
             try:
                 if self._epoch_missing.is_set():
                     self._recover()
-                claim = self.run_once(due_by)
+                claim = self._run_once(due_by)
             except (QueueUnavailable, DatabaseError) as exc:
                 if once:
                     raise
@@ -381,6 +440,7 @@ class Consumer:
                 continue
             if self.rota.has_due(now_score(self.clock())) or self._refresh_due():
                 continue
+            self.flush_acks()
             self._sleep(self._idle_wait(self.rota.earliest()))
         return self.stats
 
@@ -404,6 +464,7 @@ class Consumer:
         self._epoch_missing.clear()
         close_old_connections()
         try:
+            self.flush_acks()  # not left waiting for the rebuild
             if self.recovery.run():
                 # What it put back is due now, on every lane.
                 for lane in range(len(self.lanes.shards)):

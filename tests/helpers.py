@@ -4,6 +4,8 @@ PostgreSQL, and a Redis client that records its own round trips."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -226,7 +228,33 @@ _CONTAINERS = {"CLIENT", "SCRIPT", "CONFIG", "COMMAND"}
 
 def command_names(packed: bytes) -> tuple[str, ...]:
     """The names of the commands in a packed (RESP) request, in order."""
-    names: list[str] = []
+    return tuple(_command_name(words) for words in _commands(packed))
+
+
+def script_names(packed: bytes) -> tuple[str, ...]:
+    """The queue's scripts an ``EVALSHA`` of a packed request runs ("claim", "forget"), in order."""
+    by_sha = _scripts_by_sha()
+    return tuple(by_sha.get(words[1].decode(), "?") for words in _commands(packed)
+                 if words[0].upper() == b"EVALSHA")
+
+
+@functools.cache
+def _scripts_by_sha() -> dict[str, str]:
+    from order_timeout.queue import SCRIPT_NAMES, load_script_source
+
+    return {hashlib.sha1(load_script_source(name).encode()).hexdigest(): name for name in SCRIPT_NAMES}
+
+
+def _command_name(words: list[bytes]) -> str:
+    name = words[0].decode().upper()
+    if name in _CONTAINERS and len(words) > 1:
+        name += " " + words[1].decode().upper()
+    return name
+
+
+def _commands(packed: bytes) -> list[list[bytes]]:
+    """Each command of a packed (RESP) request, as its words."""
+    commands: list[list[bytes]] = []
     at = 0
     while at < len(packed):
         end = packed.index(b"\r\n", at)
@@ -237,11 +265,8 @@ def command_names(packed: bytes) -> tuple[str, ...]:
             size, at = int(packed[at + 1:end]), end + 2
             words.append(packed[at:at + size])
             at += size + 2
-        name = words[0].decode().upper()
-        if name in _CONTAINERS and len(words) > 1:
-            name += " " + words[1].decode().upper()
-        names.append(name)
-    return tuple(names)
+        commands.append(words)
+    return commands
 
 
 @dataclass
@@ -255,6 +280,8 @@ class RoundTrip:
     socket_timeout: float | None
     # "sent", then "answered", "timed out", or the error's class name ("NoScriptError").
     outcome: str = "sent"
+    # The queue's scripts it runs, by name ("claim", "forget").
+    scripts: tuple[str, ...] = ()
 
 
 @dataclass
@@ -298,7 +325,7 @@ class RecordingConnection(Connection):
         parts = [command] if isinstance(command, (bytes, str, memoryview)) else command
         packed = b"".join(part.encode() if isinstance(part, str) else bytes(part) for part in parts)
         trip = RoundTrip(command_names(packed), threading.current_thread().name, self._handshaking,
-                         self.socket_timeout)
+                         self.socket_timeout, scripts=script_names(packed))
         self.traffic.trips.append(trip)
         self._last = trip
         super().send_packed_command(command, check_health=check_health)

@@ -240,8 +240,11 @@ class Shard:
         return dropped
 
     def claim(self, due_ms: int, limit: int, lease_until_ms: int, token: str, *,
-              due_first: bool = False) -> Claim:
+              due_first: bool = False, ack: tuple[str, Sequence[str]] | None = None) -> Claim:
         """Lease a dead claim's batch (or one member of it), or up to ``limit`` due members.
+
+        ``ack``: ``(token, members)`` of an earlier claim of this shard, committed since: acked
+        first, in the same script (as ``forget`` acks them; at most ``SLICE`` members).
 
         Expired leases go first unless ``due_first``: a consumer alternates, so
         a dead consumer's batch, taken over whole (then member by member if its
@@ -253,10 +256,15 @@ class Shard:
         are never handed to the caller, and the members claimed with them are.
         """
         keys = self.keys
+        acked_token, acked = ack or ("", ())
+        if len(acked) > SLICE:
+            raise ValueError(f"a claim carries at most {SLICE} members to ack, not {len(acked)}")
         with redis_errors("claim"):
             reply = self.scripts["claim"](
-                keys=[keys.pending, keys.leased, keys.owners, keys.takeovers],
-                args=[due_ms, limit, lease_until_ms, token, "due" if due_first else "takeover"],
+                keys=[keys.pending, keys.leased, keys.owners, keys.takeovers, keys.attempts, keys.first_failure,
+                      keys.busy, keys.held],
+                args=[due_ms, limit, lease_until_ms, token, "due" if due_first else "takeover", acked_token,
+                      *acked],
             )
         try:
             raw_next, takeovers, raw_members = reply[0], int(reply[1]), list(reply[2:])

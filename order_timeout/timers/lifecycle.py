@@ -20,7 +20,7 @@ inside a receiver is the database's error, not the key's; every act calls
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -71,7 +71,10 @@ class Lifecycle:
         self.retrier = Retrier(retry_delays_ms=retry_delays_ms, lease_ms=lease_ms)
         self.max_takeovers = max_takeovers
 
-    def process(self, kind: Timer, queue: TimeoutQueue, claim: Claim, now: datetime) -> Report:
+    def process(self, kind: Timer, queue: TimeoutQueue, claim: Claim, now: datetime, *,
+                ack: Callable[[str, list[str]], Any] | None = None) -> Report:
+        """``ack(token, members)``: how the batch's done members are acked once it committed (the
+        consumer's: with its next claim); ``queue.ack`` at once by default."""
         by_key, malformed = self._read(kind, queue, claim, now)
         report = Report(claimed=len(claim.members), dropped=len(malformed))
         if claim.died_alone and claim.takeovers > self.max_takeovers and by_key:
@@ -80,7 +83,7 @@ class Lifecycle:
             outcome = act_on(kind, list(by_key), should_stop=batch.expired if batch else None)
         self.clock.learn(outcome.db_now)
         acted_at = self.clock()
-        self._settle(kind, queue, claim.token, outcome, by_key, now, report)
+        self._settle(kind, queue, claim.token, outcome, by_key, now, report, ack or queue.ack)
         self.metrics.record(kind, {
             "acted": report.acted, "settled": report.settled, "passed": report.passed,
             "not_due": report.rescheduled, "busy": report.busy, "held": report.held,
@@ -112,13 +115,14 @@ class Lifecycle:
     # -- settling in Redis ----------------------------------------------------------------------
 
     def _settle(self, kind: Timer, queue: TimeoutQueue, token: str, outcome: Outcome, by_key: dict[Key, str],
-                now: datetime, report: Report) -> None:
+                now: datetime, report: Report, ack: Callable[[str, list[str]], Any]) -> None:
         now_ms = now_score(now)
         if outcome.missing:
             logger.warning("%s: no %s row for member(s) %r; dropped.", kind.label, kind.model.__name__,
                            [by_key[key] for key in outcome.missing][:20])
-        queue.ack(token, [by_key[key] for key in
-                          (*outcome.acted, *outcome.settled, *outcome.passed, *outcome.missing)])
+        done = [by_key[key] for key in (*outcome.acted, *outcome.settled, *outcome.passed, *outcome.missing)]
+        if done:
+            ack(token, done)
         queue.reschedule(token, {by_key[key]: deadline_score(moment) for key, moment in outcome.not_due.items()})
         # Locked by someone else: look again shortly, not counted as a failure.
         queue.reschedule(token, {by_key[key]: now_ms + BUSY_RETRY_MS for key in outcome.busy},

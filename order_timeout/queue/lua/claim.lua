@@ -5,12 +5,17 @@
   KEYS[2] leased     sorted set: member = order id, score = lease expiry (ms)
   KEYS[3] owners     hash: member = order id, value = token of the claim holding its lease
   KEYS[4] takeovers  hash: member = order id, value = times its lease was taken over
+  KEYS[5..8]         attempts, first_failure, busy, held: what an ack forgets with the lease
   ARGV[1] now        (ms): members with score <= now are due, leases <= now expired
   ARGV[2] limit      most members to claim
   ARGV[3] until      (ms): lease expiry given to every claimed member
   ARGV[4] token      this claim's token: ack, retry and reschedule must show it
   ARGV[5] turn       "takeover": expired leases first; "due": due pending members first
                      (the consumer alternates, so neither waits behind all of the other)
+  ARGV[6] ack token  the token of this consumer's last batch on this shard, committed since
+                     ("" for none): its members, ARGV[7..], are acked first, as forget.lua acks
+                     them, so a consumer that goes straight on pays one round trip a batch
+  ARGV[7..]          the members to ack (at most queue.SLICE)
 
   Returns { next, takeovers, member... }:
   - Expired leases (their consumer died, froze or overran) are taken over. The first time a
@@ -29,9 +34,18 @@
     are empty), so an idle consumer learns how long to sleep from the same
     call; `takeovers` is 0.
 ]]
+--!include forget_members
 local rcall = redis.call
 local pending, leased, owners, takeovers = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local now, limit, lease_until, token, turn = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
+
+if #ARGV > 6 then
+  local acked = {}
+  for i = 7, #ARGV do acked[#acked + 1] = ARGV[i] end
+  forget_members({ pending = pending, leased = leased, owners = owners, takeovers = takeovers,
+                   attempts = KEYS[5], first_failure = KEYS[6], busy = KEYS[7], held = KEYS[8] },
+                 ARGV[6], acked)
+end
 local now_number = tonumber(now)
 -- unpack() is bounded by Lua's C stack, so large batches go in slices.
 local step = 500

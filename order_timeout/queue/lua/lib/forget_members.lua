@@ -1,0 +1,34 @@
+--[[
+  Included by the scripts that forget members (forget.lua, and claim.lua for the ack it carries):
+  scripts.py puts this text where a script says `--!include forget_members`.
+
+  forget_members(keys, token, members) forgets `members` whose orders are settled for good.
+  `keys`: { pending, leased, owners, attempts, first_failure, takeovers, busy, held }.
+  Each member leaves the pending set: another consumer that found the row locked while this one
+  closed it may have put it back, and that is moot now. Its lease and its retry state go only if
+  the lease is held by `token`, or by no claim at all, or `token` is "" (unschedule: no claim
+  involved): a stale consumer cannot strip the lease of the claim that took its member over.
+  A handful of variadic commands whatever the number of members (at most queue.SLICE).
+  Returns the number of members whose lease and state were dropped.
+]]
+local function forget_members(keys, token, members)
+  if #members == 0 then return 0 end
+  redis.call('ZREM', keys.pending, unpack(members))
+  local ours = members
+  if token ~= '' then
+    ours = {}
+    local held_by = redis.call('HMGET', keys.owners, unpack(members))
+    for i, member in ipairs(members) do
+      if not held_by[i] or held_by[i] == token then ours[#ours + 1] = member end
+    end
+    if #ours == 0 then return 0 end
+  end
+  redis.call('ZREM', keys.leased, unpack(ours))
+  redis.call('HDEL', keys.owners, unpack(ours))
+  redis.call('HDEL', keys.attempts, unpack(ours))
+  redis.call('HDEL', keys.first_failure, unpack(ours))
+  redis.call('HDEL', keys.takeovers, unpack(ours))
+  redis.call('ZREM', keys.busy, unpack(ours))
+  redis.call('ZREM', keys.held, unpack(ours))
+  return #ours
+end
