@@ -45,6 +45,8 @@ LOSSES = {
     "moved": "another Redis server holds its epoch marker: restarted from a snapshot, or a replica "
              "promoted, it may have missed the last writes",
 }
+# Logged once a rebuild is done, with the number of members Redis lacked and the rebuild put back.
+REBUILT = "Rebuilt the queue from the database: %d member(s) put back, the overdue due now."
 
 
 def queue_name(queue: TimeoutQueue) -> str:
@@ -91,6 +93,5 @@ class QueueRecovery:
                                                         rebuilds=models.F("rebuilds") + 1)
         restored = sum(result.figures(kind).restored + result.figures(kind).reminders_restored
                        for kind in self.kinds)
-        logger.warning("Rebuilt the queue from the database: %d member(s) put back, the overdue due now.",
-                       restored)
+        logger.warning(REBUILT, restored)
         return True
