@@ -171,17 +171,15 @@ def ours(count: int, *, model_label: str = "order_timeout.Order", hold: bool = F
     signal, record = (order_expired, recorder.on_expired) if per_order else (order_keys_expired,
                                                                             recorder.on_keys_expired)
     signal.connect(record, dispatch_uid="bench.parts.recorder")
-    with override_settings(ORDER_TIMEOUT=overrides), _shop_receivers(batch_receivers), _notices(notices):
+    with (override_settings(ORDER_TIMEOUT=overrides), _shop_receivers(batch_receivers), _notices(notices),
+          _connection_kept()):
         consumer = Consumer(model=model, batch_size=500, kinds=[ORDER_TIMEOUT] if notices else None)
         consumer.sync_clock()
         with _wrapped(parts):
             began = time.perf_counter()
-            # Until two claims in a row take nothing: the consumer serves more than the close's lane
-            # (the notices', once the shop declares a handler), and a claim of an empty lane takes
-            # nothing while orders are still due in the other.
-            empty = 0
-            while empty < 2:
-                empty = 0 if consumer.run_once().members else empty + 1
+            # The consumer's loop, as a closer runs it (each batch's ack with the next claim), until
+            # nothing is due.
+            consumer.run(once=True)
             total = time.perf_counter() - began
     signal.disconnect(dispatch_uid="bench.parts.recorder")
     recorder._commits.clear()
@@ -189,6 +187,20 @@ def ours(count: int, *, model_label: str = "order_timeout.Order", hold: bool = F
     parts.seconds["lifecycle bookkeeping"] += total - sum(parts.seconds.values())
     return {part: round(1e6 * parts.seconds.get(part, 0.0) / closed, 2) for part in PROMISES} | {
         "total": round(1e6 * total / closed, 2)}
+
+
+@contextmanager
+def _connection_kept() -> Iterator[None]:
+    """The database connection kept from batch to batch, as the closers keep theirs
+    (``CONN_MAX_AGE=600``, bench/systems.py), not opened again for each."""
+    before = connection.settings_dict["CONN_MAX_AGE"]
+    connection.close()
+    connection.settings_dict["CONN_MAX_AGE"] = 600
+    try:
+        yield
+    finally:
+        connection.close()
+        connection.settings_dict["CONN_MAX_AGE"] = before
 
 
 @contextmanager

@@ -21,6 +21,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 from django.apps import apps
@@ -32,7 +33,7 @@ from order_timeout.models import DeadLetter, Deadline, Order, Reminder
 from order_timeout.queue import TimeoutQueue
 from order_timeout.scans.compensation import ScanResult
 from order_timeout.scheduling import connect_receivers, disconnect_receivers
-from order_timeout.signals import deadline_approaching, order_expired, orders_expired
+from order_timeout.signals import deadline_approaching, order_expired, order_keys_expired, orders_expired
 from order_timeout.timers.kind import Timer
 from order_timeout.timers.members import deadline_score
 from order_timeout.timers.registry import ORDER_TIMEOUT, REMINDERS, registry
@@ -47,6 +48,7 @@ from testproject.shop.models import (
     StockRecord,
     StockReservation,
 )
+from testproject.shop.receivers import record_expiry_keys
 
 from .helpers import lock_waits, set_state
 
@@ -252,6 +254,47 @@ class CloseCase(Case):
     def stalled(self, tmp_path: Path) -> Iterator[Stall]:
         inside = tmp_path / "inside-the-close"
         yield Stall(env={"SHOP_STALL_FILE": str(inside)}, inside=inside.exists)
+
+
+class KeysCloseCase(CloseCase):
+    """The order close of a shop whose receivers take only keys (``order_keys_expired``): no
+    ``order_expired`` or ``orders_expired`` receiver, so each batch is locked as tuples, closed
+    by its UPDATE, and no instance is built (issue 28). Its receiver, one per batch, records an
+    ``Expiry`` per key, as ``record_expiry`` does per order."""
+
+    receivers_per_batch: ClassVar[bool] = True
+
+    def __init__(self, settings: Any, clock: Callable[[], datetime], monkeypatch: Any) -> None:
+        super().__init__(settings, clock, monkeypatch)
+        self.id = "order-close-keys"  # type: ignore[misc]
+        for signal in (order_expired, orders_expired):
+            kept = signal.receivers[:]
+            signal.receivers.clear()
+            signal.sender_receivers_cache.clear()
+            self.cleanup.callback(_restore_receivers, signal, kept)
+        _connect(self.cleanup, order_keys_expired, record_expiry_keys)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"SHOP_RECORD_EXPIRIES": "0", "SHOP_NOTICES": "0", "SHOP_RECORD_EXPIRY_KEYS": "1"}
+
+    def effects(self, rows: Sequence[Any]) -> list[int]:
+        """``order_keys_expired`` deliveries committed, a row per key (the shop's ``record_expiry_keys``)."""
+        return _counted(Expiry.objects.filter(model=self.label), "order_id", rows)
+
+    def on_each_row(self, hook: RowHook) -> None:
+        def receiver(sender: Any, keys: list[Any], **kwargs: Any) -> None:
+            for key in keys:
+                hook(SimpleNamespace(pk=key))  # a key is all such a receiver has of an order
+
+        _connect(self.cleanup, order_keys_expired, receiver)
+
+    def refuse_in_batch(self, row: Any) -> None:
+        def refuse(sender: Any, keys: list[Any], **kwargs: Any) -> None:
+            if row.pk in keys:
+                raise RuntimeError(f"the keys' receiver refused a batch holding order {row.pk}")
+
+        _connect(self.cleanup, order_keys_expired, refuse)
 
 
 class ReminderCase(Case):
@@ -465,6 +508,7 @@ def _close_of(order_model: str) -> Callable[..., Case]:
 CASES: dict[str, Callable[..., Case]] = {
     "order-close-Order": _close_of("order_timeout.Order"),
     "order-close-ShopOrder": _close_of("shop.ShopOrder"),
+    "order-close-keys": KeysCloseCase,
     ReminderCase.id: ReminderCase,
     ReservationCase.id: ReservationCase,
     CompletionCase.id: CompletionCase,
@@ -488,6 +532,11 @@ def _counted(rows: Any, field_name: str, of: Sequence[Any]) -> list[int]:
     for value in rows.filter(**{f"{field_name}__in": names}).values_list(field_name, flat=True):
         found[str(value)] = found.get(str(value), 0) + 1
     return [found.get(name, 0) for name in names]
+
+
+def _restore_receivers(signal: Any, receivers: list[Any]) -> None:
+    signal.receivers[:] = receivers
+    signal.sender_receivers_cache.clear()
 
 
 def _connect(cleanup: ExitStack, signal: Any, receiver: Callable[..., None]) -> None:

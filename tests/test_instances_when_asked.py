@@ -10,6 +10,8 @@ of the keys runs in the close's transaction and can refuse it.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -17,16 +19,18 @@ from typing import Any
 
 import pytest
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from order_timeout import timers
-from order_timeout.models import Order
-from order_timeout.signals import order_expired, order_keys_expired, orders_expired
+from order_timeout.models import Order, Reminder
+from order_timeout.signals import deadline_approaching, order_expired, order_keys_expired, orders_expired
 from order_timeout.timers import registry
 from order_timeout.timers.closes import OrderTimeout
-from testproject.shop.models import Checkout, StockRecord, StockReservation
+from order_timeout.timers.registry import REMINDERS
+from testproject.shop.models import Checkout, OrderPayment, Payment, ShopOrder, StockRecord, StockReservation
 
+from .conftest import both_models
 from .helpers import state
 from .test_consumer import no_receivers
 
@@ -219,3 +223,80 @@ def test_a_timer_with_fire_gets_its_rows_as_instances_with_its_values_applied(co
     consumer(kinds=[lapsing]).run(once=True)
 
     assert sorted(LapsesWithFire.fired) == [(made[0].pk, "released"), (made[1].pk, "released")]
+
+
+# -- the reminders: recorded from the keys when nobody listens to deadline_approaching -----------
+
+
+@pytest.fixture
+def two_reminders(settings: Any) -> Iterator[None]:
+    """Reminders 60 s and 45 s before the deadline, and no receiver of ``deadline_approaching``."""
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "REMINDERS": [60, 45]}
+    with no_receivers(deadline_approaching):
+        yield
+
+
+def records(order: Any) -> list[tuple[int, str]]:
+    return sorted(Reminder.objects.filter(order_id=str(order.pk)).values_list("lead_ms", "outcome"))
+
+
+@both_models
+def test_reminders_nobody_listens_to_are_recorded_once_from_the_keys_without_an_instance(
+        two_reminders, consumer, order_model):
+    order = order_model.objects.create(expires_at=timezone.now() + timedelta(seconds=30))
+
+    with instances_built(order_model) as built:
+        first = consumer(kinds=[REMINDERS]).run(once=True)
+        again = consumer(kinds=[REMINDERS]).run(once=True)
+
+    assert (first.reminders.sent, again.reminders.sent) == (2, 0)
+    assert built == []
+    assert records(order) == [(45_000, "sent"), (60_000, "sent")]
+    assert state(order) == "unpaid"
+
+
+@both_models
+def test_no_reminder_is_recorded_sent_for_an_order_paid_closed_or_past_its_deadline_from_the_keys(
+        two_reminders, consumer, order_model):
+    paid, closed = (order_model.objects.create(expires_at=timezone.now() + timedelta(seconds=30))
+                    for _ in range(2))
+    order_model.objects.create(expires_at=timezone.now() + timedelta(seconds=0.3))  # its deadline passes first
+    # Behind the queue's back, as a payment whose ZREM was lost: the row says so under its lock.
+    order_model._base_manager.filter(pk=paid.pk).update(**{order_model.TIMEOUT_STATUS_FIELD: "paid"})
+    order_model._base_manager.filter(pk=closed.pk).update(
+        **{order_model.TIMEOUT_STATUS_FIELD: order_model.TIMEOUT_CLOSED_STATUS})
+    time.sleep(0.4)
+
+    stats = consumer(kinds=[REMINDERS]).run(once=True)
+
+    assert stats.reminders.sent == 0 and stats.reminders.done == 6
+    assert Reminder.objects.count() == 0
+
+
+@both_models
+def test_a_reminder_of_an_order_whose_payment_is_in_flight_is_recorded_passed_over_from_the_keys(
+        two_reminders, consumer, settings, order_model):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "HOLD_CONDITION": Q(payments__state="pending")}
+    order = order_model.objects.create(expires_at=timezone.now() + timedelta(seconds=30))
+    (Payment if order_model is ShopOrder else OrderPayment).objects.create(order=order)
+
+    stats = consumer(kinds=[REMINDERS]).run(once=True)
+
+    assert (stats.reminders.sent, stats.reminders.held) == (0, 2)
+    assert records(order) == [(45_000, "held"), (60_000, "held")]
+
+
+def test_three_consumers_record_each_reminder_nobody_listens_to_once(two_reminders, consumer):
+    orders = [Order.objects.create(expires_at=timezone.now() + timedelta(seconds=30)) for _ in range(60)]
+    workers = [consumer(kinds=[REMINDERS], batch_size=7) for _ in range(3)]
+
+    threads = [threading.Thread(target=worker.run, kwargs={"once": True}) for worker in workers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert sum(worker.stats.reminders.sent for worker in workers) == 120
+    assert Reminder.objects.filter(outcome="sent").count() == 120
+    assert not Reminder.objects.values("order_id", "lead_ms").annotate(n=Count("id")).filter(n__gt=1).exists()
+    assert {int(pk) for pk in Reminder.objects.values_list("order_id", flat=True)} == {o.pk for o in orders}

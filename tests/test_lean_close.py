@@ -123,3 +123,37 @@ def test_the_batch_statements_find_their_rows_by_the_primary_key() -> None:
             columns = [column[0] for column in cursor.description]
             plan = dict(zip(columns, cursor.fetchone(), strict=True))
             assert (plan["key"], int(plan["rows"])) == ("PRIMARY", 10), (sql[:120], plan)
+
+
+@pytest.mark.parametrize("model", [Order, UuidOrder], ids=["integer-key", "uuid-key"])
+def test_rows_locked_as_tuples_hold_what_instances_would(model) -> None:
+    """The close's batch read through the cursor (issue 28): each value converted as the ORM
+    converts it, on MySQL's naive DATETIME and on a UUID key stored as text alike."""
+    from django.db import transaction
+
+    from order_timeout.db.locks import lock_orders
+
+    deadline = timezone.now().replace(microsecond=654321) - timedelta(minutes=3)
+    rows = [model.objects.create(expires_at=deadline - timedelta(seconds=index)) for index in range(3)]
+    keys = [row.pk for row in rows]
+    with transaction.atomic():
+        as_tuples = lock_orders(model._base_manager, keys, columns=("status", "expires_at"))
+    with transaction.atomic():
+        as_instances = lock_orders(model._base_manager, keys)
+    assert not as_tuples.instances and as_instances.instances
+    assert set(as_tuples.rows) == set(as_instances.rows) == set(keys)
+    for name in ("status", "expires_at"):
+        assert as_tuples.values(name) == as_instances.values(name)
+    assert as_tuples.values("expires_at")[rows[0].pk] == deadline
+    assert as_tuples.db_now is not None and as_tuples.db_now.tzinfo is not None
+    assert abs(as_tuples.db_now - timezone.now()) < timedelta(minutes=1)
+
+
+@pytest.mark.parametrize("spelling", ["0{pk}", "+{pk}", " {pk}", "{pk} ", "{pk}_0", "{pk}.0"])
+def test_a_member_that_int_would_read_as_a_key_but_is_not_one_names_no_order(spelling) -> None:
+    """A claim's integer members are read for the whole batch at once (issue 28), yet a member
+    int() accepts and no order has as its member stays malformed, as one by one it is."""
+    members = ["5", spelling.format(pk=5), "6"]
+    by_key, malformed = ORDER_TIMEOUT.keys_of(members)
+    assert by_key == {5: "5", 6: "6"} and malformed == [spelling.format(pk=5)]
+    assert ORDER_TIMEOUT.keys_of(["5", "6", "70"]) == ({5: "5", 6: "6", 70: "70"}, [])

@@ -19,7 +19,7 @@ from django.core.exceptions import EmptyResultSet
 from django.db.models import F, Field, Lookup
 
 # Primary key fields whose parsed keys (Python ints) go to the driver as they are.
-_INTEGER_FIELDS = frozenset({"AutoField", "BigAutoField", "SmallAutoField", "IntegerField", "BigIntegerField",
+INTEGER_FIELDS = frozenset({"AutoField", "BigAutoField", "SmallAutoField", "IntegerField", "BigIntegerField",
                              "SmallIntegerField", "PositiveIntegerField", "PositiveBigIntegerField"})
 
 
@@ -43,7 +43,7 @@ class KeysIn(Lookup):
             raise EmptyResultSet
         column_sql, column_params = compiler.compile(self.lhs)
         field: Field[Any, Any] = self.lhs.target
-        if field.get_internal_type() in _INTEGER_FIELDS and all(type(key) is int for key in keys):
+        if field.get_internal_type() in INTEGER_FIELDS and all(type(key) is int for key in keys):
             # Exactly int (not bool, not a subclass with its own __str__): its str() is its digits.
             return f"{column_sql} IN ({', '.join(map(str, keys))})", tuple(column_params)
         params = [field.get_db_prep_value(key, connection, prepared=False) for key in keys]

@@ -251,20 +251,25 @@ class Shard:
         holders keep dying), and the orders falling due meanwhile each get every
         other claim.
 
-        A member that is not UTF-8, and a next score no deadline can have, are
-        moved to the quarantine in the same call (logged once, escaped): they
+        Members that are not UTF-8, and members scored past any deadline (a
+        bad write: +inf, a score beyond year 9999), go to the quarantine: they
         are never handed to the caller, and the members claimed with them are.
         """
         keys = self.keys
         acked_token, acked = ack or ("", ())
         if len(acked) > SLICE:
             raise ValueError(f"a claim carries at most {SLICE} members to ack, not {len(acked)}")
+        # One argument for the batch, each member ended by a newline; a member that holds one
+        # (a text key may) is acked on its own, first.
+        lines = "\n".join(acked) + "\n" if acked else ""
+        if lines.count("\n") != len(acked):
+            self.forget(acked_token, acked)
+            acked_token, lines = "", ""
         with redis_errors("claim"):
             reply = self.scripts["claim"](
                 keys=[keys.pending, keys.leased, keys.owners, keys.takeovers, keys.attempts, keys.first_failure,
                       keys.busy, keys.held],
-                args=[due_ms, limit, lease_until_ms, token, "due" if due_first else "takeover", acked_token,
-                      *acked],
+                args=[due_ms, limit, lease_until_ms, token, "due" if due_first else "takeover", acked_token, lines],
             )
         try:
             raw_next, takeovers, raw_members = reply[0], int(reply[1]), list(reply[2:])
@@ -273,13 +278,16 @@ class Shard:
             # Only a script other than ours answers so; its members stay leased and are taken over.
             raise QueueUnavailable(f"Redis answered a claim with {reply!r:.200}, which the claim "
                                    f"script never returns ({type(exc).__name__}: {exc})") from exc
-        members: list[str] = []
         unreadable: list[bytes | str] = []
-        for member in raw_members:
-            try:
-                members.append(_text(member))
-            except UnicodeDecodeError:
-                unreadable.append(member)
+        try:
+            members = [_text(member) for member in raw_members]
+        except UnicodeDecodeError:
+            members = []
+            for member in raw_members:
+                try:
+                    members.append(_text(member))
+                except UnicodeDecodeError:
+                    unreadable.append(member)
         quarantined = self.quarantine(token, unreadable, due_ms, sweep=far) if unreadable or far else 0
         if quarantined:
             logger.error("Moved %d member(s) of %s into its quarantine: not UTF-8, or scored past any "

@@ -28,6 +28,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from ..conf import settings
+from ..db.locks import LockedOrders
 from ..db.primary import on_primary
 from ..models import DeadLetter, PolicyFailed, TimeoutOrderMixin, policy_answer
 from ..ordermodel import get_order_model
@@ -202,7 +203,7 @@ class Redate:
             return {row.pk: row.expires_at for row in rows}
         if self.timer.deadline is not None:
             return {row.pk: getattr(row, self.timer.deadline) for row in rows}
-        return self.timer.deadlines.read(None, {row.pk: row for row in rows})
+        return self.timer.deadlines.read(None, LockedOrders(rows={row.pk: row for row in rows}))
 
     def _answer(self, row: Any) -> datetime | None:
         """What the policy (or the timer's ``deadline_for``) says now; ``PolicyFailed`` when it fails."""

@@ -236,10 +236,10 @@ def _act_outside(kind: Timer, keys: Sequence[Key], stopping: Callable[[], bool],
 
 def _lock_and_judge(kind: Timer, keys: Sequence[Key], manager: Any, outcome: Outcome) -> list[Due]:
     """In the caller's transaction: lock the rows, sort the keys (``outcome``), the due ones."""
-    due = kind.judge(keys, kind.lock(manager, [kind.row_of(key) for key in keys]), outcome)
+    due = kind.judge(keys, kind.lock(manager, kind.rows_of(keys)), outcome)
     if outcome.settled:
         # A row no longer pending needs its deadline no more (deadlines in the app's table go).
-        kind.deadlines.done(manager, [kind.row_of(key) for key in outcome.settled])
+        kind.deadlines.done(manager, kind.rows_of(outcome.settled))
     return due
 
 
@@ -305,11 +305,16 @@ def _one_by_one(kind: Timer, due: list[Due], now: Any, outcome: Outcome, using: 
 
 
 def _acted(outcome: Outcome, due: list[Due]) -> None:
+    if not outcome.passed:
+        outcome.acted.extend([key for key, _row in due])
+        return
     passed = set(outcome.passed)
-    outcome.acted.extend(key for key, _row in due if key not in passed)
+    outcome.acted.extend([key for key, _row in due if key not in passed])
 
 
 def _moments_of_acted(outcome: Outcome) -> Outcome:
-    acted = set(outcome.acted)
-    outcome.moments = {key: moment for key, moment in outcome.moments.items() if key in acted}
+    """Only the acted-on keys' moments are kept (their lateness): judge gave every due key one."""
+    if len(outcome.moments) != len(outcome.acted):
+        acted = set(outcome.acted)
+        outcome.moments = {key: moment for key, moment in outcome.moments.items() if key in acted}
     return outcome

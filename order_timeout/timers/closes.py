@@ -14,11 +14,11 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import Model, Q
 
 from ..conf import settings
 from ..db.keys import KeysIn
-from ..db.locks import LockedOrders, LockedRow, lock_orders
+from ..db.locks import LockedOrders, lock_orders
 from ..models import HOLD_EXPIRED_REASON, TIMEOUT_REASON, TimeoutOrderMixin
 from ..ordermodel import get_order_model
 from ..queue.keys import CLOSE
@@ -65,6 +65,33 @@ class OnOrderModel(Timer):
     def validate(self) -> None:
         pass  # HOLD_CONDITION, SETTLED_CONDITION: check E013, and validate_conditions() when a consumer starts
 
+    def reads_its_status_its_own_way(self) -> bool:
+        """Whether the model overrides how the mixin reads its status (``awaits_payment``, ...):
+        then only its instances can say whether an order is unpaid (it may read any field)."""
+        model = self.model
+        return any(getattr(model, name) is not getattr(TimeoutOrderMixin, name, None) for name in _READING_THE_STATUS)
+
+    def lock(self, manager: Any, pks: Any) -> LockedOrders:
+        """The rows, their deadlines and (rows locked as tuples) which are unpaid."""
+        model = self.model
+        status = model.TIMEOUT_STATUS_FIELD
+        locked = lock_orders(manager, pks, hold=self.hold_condition(), settled=self.settled_condition(),
+                             columns=None if self.takes_instances() else (status, "expires_at"))
+        locked.deadlines = locked.values("expires_at")
+        if not locked.instances:
+            # As TimeoutOrderMixin.awaits_payment reads it (takes_instances() made sure it is that
+            # one; a row with no deadline is settled whatever its status).
+            unpaid = model.TIMEOUT_UNPAID_STATUSES
+            locked.pending = {pk for pk, value in locked.values(status).items() if value in unpaid}
+        return locked
+
+    def is_pending(self, row: Any, locked: LockedOrders) -> bool:
+        # The row's own status, read in Python: no subquery per batch.
+        return bool(row.awaits_payment)
+
+    def waits(self, row: Any) -> bool:
+        return bool(row.awaits_payment)
+
 
 class OrderTimeout(OnOrderModel):
     name = ""
@@ -91,46 +118,33 @@ class OrderTimeout(OnOrderModel):
 
     def takes_instances(self) -> bool:
         """Instances for a model whose receivers take them (``order_expired``, ``orders_expired``),
-        or whose way of reading its status is its own (it may read any field); otherwise the
-        batch is its keys, its status and its deadline."""
+        or whose way of reading its status is its own; otherwise the batch is its keys, its
+        status and its deadline."""
         model = self.model
         return (order_expired.has_listeners(model) or orders_expired.has_listeners(model)
-                or any(getattr(model, name) is not getattr(TimeoutOrderMixin, name, None)
-                       for name in _READING_THE_STATUS))
-
-    def lock(self, manager: Any, pks: Any) -> LockedOrders:
-        status = self.model.TIMEOUT_STATUS_FIELD
-        locked = lock_orders(manager, pks, hold=self.hold_condition(), settled=self.settled_condition(),
-                             columns=None if self.takes_instances() else (status, "expires_at"))
-        locked.deadlines = {pk: order.expires_at for pk, order in locked.rows.items()}
-        return locked
-
-    def is_pending(self, row: Any, locked: LockedOrders) -> bool:
-        # The row's own status, read in Python: no subquery per batch.
-        if locked.instances:
-            return bool(row.awaits_payment)
-        # As TimeoutOrderMixin.awaits_payment reads it (takes_instances() made sure it is that one).
-        model = self.model
-        return (getattr(row, model.TIMEOUT_STATUS_FIELD) in model.TIMEOUT_UNPAID_STATUSES
-                and row.expires_at is not None)
-
-    def waits(self, row: Any) -> bool:
-        return bool(row.awaits_payment)
+                or self.reads_its_status_its_own_way())
 
     def judge(self, keys: Any, locked: LockedOrders, outcome: Outcome) -> list[Due]:
+        """The due orders; each instance told its close reason, and a batch locked as tuples
+        given it in place of the row (the reason is all its act reads of a row)."""
         due = super().judge(keys, locked, outcome)
+        held = locked.held
+        if not locked.instances:
+            if not held:
+                return [(key, TIMEOUT_REASON) for key, _row in due]
+            return [(key, HOLD_EXPIRED_REASON if key in held else TIMEOUT_REASON) for key, _row in due]
         for key, order in due:
             # Due while still held: its hold ran past MAX_HOLD.
-            order._timeout_close_reason = HOLD_EXPIRED_REASON if key in locked.held else TIMEOUT_REASON
+            order._timeout_close_reason = HOLD_EXPIRED_REASON if key in held else TIMEOUT_REASON
         return due
 
     def act(self, due: list[Due], now: datetime, progress: Any = None) -> None:
         """One UPDATE per close reason, ``order_expired`` per order, ``orders_expired`` per batch,
         ``order_keys_expired`` per batch: each only when it has receivers."""
-        orders = [order for _key, order in due]
-        if isinstance(orders[0], LockedRow):
-            self._act_on_keys(orders, now, progress)
+        if not isinstance(due[0][1], Model):
+            self._act_on_keys(dict(due), now, progress)
             return
+        orders = [order for _key, order in due]
         model = type(orders[0])
         manager = model._base_manager.db_manager(self.using)
         by_reason: dict[str, list[Any]] = {}
@@ -161,13 +175,13 @@ class OrderTimeout(OnOrderModel):
                                        previous_statuses=previous_statuses))
         self._send_keys(model, {order.pk: order._timeout_close_reason for order in orders})
 
-    def _act_on_keys(self, rows: list[LockedRow], now: datetime, progress: Any) -> None:
+    def _act_on_keys(self, reasons: dict[Key, str], now: datetime, progress: Any) -> None:
         """The batch no receiver takes instances of: the UPDATEs, and its keys to whoever asks."""
         model = self.model
         manager = model._base_manager.db_manager(self.using)
-        reasons = {row.pk: row._timeout_close_reason for row in rows}
-        for reason in set(reasons.values()):
-            keys = [key for key, its in reasons.items() if its == reason]
+        kinds_of_close = set(reasons.values())
+        for reason in kinds_of_close:
+            keys = list(reasons) if len(kinds_of_close) == 1 else [key for key, its in reasons.items() if its == reason]
             manager.filter(model.unpaid_q(), KeysIn(keys)).update(**model.closing_values(now, reason))
         self._send_keys(model, reasons)
         if progress is not None:

@@ -19,6 +19,7 @@ from django.db.models import Q
 from ..db.walk import rows_by_deadline
 
 if TYPE_CHECKING:
+    from ..db.locks import LockedOrders
     from .kind import Timer
 
 Rows = Iterator[list[tuple[Any, datetime]]]
@@ -27,7 +28,7 @@ _COUNT_CHUNK = 1000
 
 
 class DeadlineStore(Protocol):
-    def read(self, manager: Any, rows: dict[Any, Any]) -> dict[Any, datetime | None]:
+    def read(self, manager: Any, locked: LockedOrders) -> dict[Any, datetime | None]:
         """The deadline of each locked row (read in the transaction that locked them)."""
 
     def of(self, row: Any) -> datetime | None:
@@ -58,8 +59,8 @@ class ColumnDeadlines:
     def __init__(self, field: str) -> None:
         self.field = field
 
-    def read(self, manager: Any, rows: dict[Any, Any]) -> dict[Any, datetime | None]:
-        return {pk: getattr(row, self.field) for pk, row in rows.items()}
+    def read(self, manager: Any, locked: LockedOrders) -> dict[Any, datetime | None]:
+        return locked.values(self.field)
 
     def of(self, row: Any) -> datetime | None:
         return getattr(row, self.field)
@@ -98,10 +99,11 @@ class OutsideDeadlines:
     def _pk(self, object_id: str) -> Any:
         return self.timer.model._meta.pk.to_python(object_id)
 
-    def read(self, manager: Any, rows: dict[Any, Any]) -> dict[Any, datetime | None]:
-        if not rows:
+    def read(self, manager: Any, locked: LockedOrders) -> dict[Any, datetime | None]:
+        if not locked.rows:
             return {}
-        found = self._table().filter(object_id__in=[str(pk) for pk in rows]).values_list("object_id", "expires_at")
+        found = (self._table().filter(object_id__in=[str(pk) for pk in locked.rows])
+                 .values_list("object_id", "expires_at"))
         return {self._pk(object_id): expires_at for object_id, expires_at in found}
 
     def of(self, row: Any) -> datetime | None:

@@ -40,7 +40,7 @@ from ..db.keys import KeysIn
 from ..db.locks import LockedOrders, lock_orders
 from .acting import run_batch_receiver
 from .deadlines import ColumnDeadlines, DeadlineStore, OutsideDeadlines
-from .members import deadline_score, now_score, order_member, parse_member
+from .members import deadline_score, integer_keys, now_score, order_member, parse_member
 from .outcome import Key, Outcome
 
 # One key with its locked row, due now.
@@ -225,9 +225,29 @@ class Timer:
         """``parse`` with the model looked up once, for a claim's hundreds of members."""
         return partial(parse_member, self.model)
 
+    def keys_of(self, members: Sequence[str]) -> tuple[dict[Key, str], list[str]]:
+        """Each member by the key it names, and the members that name none (for the quarantine)."""
+        if type(self).parser is Timer.parser:
+            keys = integer_keys(self.model, members)
+            if keys is not None:
+                return dict(zip(keys, members, strict=True)), []
+        parse = self.parser()
+        by_key: dict[Key, str] = {}
+        malformed: list[str] = []
+        for member in members:
+            try:
+                by_key[parse(member)] = member
+            except ValueError:
+                malformed.append(member)
+        return by_key, malformed
+
     def row_of(self, key: Key) -> Any:
         """The primary key of the row to lock for ``key``."""
         return key
+
+    def rows_of(self, keys: Sequence[Key]) -> list[Any]:
+        """``row_of`` each key (the keys themselves, when they are the rows' keys)."""
+        return list(keys) if type(self).row_of is Timer.row_of else [self.row_of(key) for key in keys]
 
     def follow(self, row: Any) -> tuple[dict[str, int], list[str]]:
         """What Redis must hold for ``row`` as it is now: ``({member: score}, [members to forget])``."""
@@ -282,25 +302,35 @@ class Timer:
         locked = lock_orders(manager, pks, hold=self.hold_condition(),
                              pending=None if self.pending == Q() else self.pending,
                              settled=self.settled_condition(), columns=columns)
-        locked.deadlines = self.deadlines.read(manager, locked.rows)
+        locked.deadlines = self.deadlines.read(manager, locked)
         return locked
 
     def is_pending(self, row: Any, locked: LockedOrders) -> bool:
+        """Whether a locked instance still meets ``pending`` (rows locked as tuples: ``locked.pending``)."""
         return row.pk in locked.pending
 
     def judge(self, keys: Sequence[Key], locked: LockedOrders, outcome: Outcome) -> list[Due]:
         """Sort the keys under the lock: the due ones (returned, with their rows) and the rest."""
         now = outcome.db_now = locked.db_now
+        rows, deadlines = locked.rows, locked.deadlines
+        if (now is not None and not locked.instances and len(rows) == len(keys) == len(locked.pending)
+                and not (locked.busy or locked.held or locked.settled) and None not in deadlines.values()
+                and max(deadlines.values()) <= now):
+            # The burst's batch: every row found, pending and due, none held. Told by a few
+            # operations over the whole batch, not a look at each row.
+            outcome.moments = dict(deadlines)
+            return [(key, rows[key]) for key in keys]
         longest = self.longest_hold()
+        pending = None if locked.instances else locked.pending
         due: list[Due] = []
         for key in keys:
-            row = locked.rows.get(key)
-            deadline = locked.deadlines.get(key)
+            row = rows.get(key)
+            deadline = deadlines.get(key)
             if key in locked.busy:
                 outcome.busy.append(key)
             elif row is None:
                 outcome.missing.append(key)
-            elif deadline is None or not self.is_pending(row, locked):
+            elif deadline is None or (key not in pending if pending is not None else not self.is_pending(row, locked)):
                 outcome.settled.append(key)
             elif now is None or deadline > now:
                 outcome.not_due[key] = deadline
@@ -321,19 +351,20 @@ class Timer:
         return {**auto_now_values(self.model, now), **values}
 
     def act(self, due: list[Due], now: datetime, progress: Any = None) -> None:
-        """One UPDATE for the batch, then ``fire``; the deadlines are done."""
-        rows = [row for _key, row in due]
+        """One UPDATE for the batch, then ``fire`` (rows locked as instances); the deadlines are done."""
+        pks = self.rows_of([key for key, _row in due])
         values = self.written(now) if self.values else {}
         manager = self.model._base_manager.db_manager(self.using)
         if values:
             # Locked and judged due by the database's clock: the condition cannot change now.
-            manager.filter(self.pending, KeysIn([row.pk for row in rows])).update(**values)
-        if self.takes_instances():
+            manager.filter(self.pending, KeysIn(pks)).update(**values)
+        if isinstance(due[0][1], models.Model):
+            rows = [row for _key, row in due]
             for row in rows:
                 for name, value in values.items():
                     setattr(row, name, value)
             run_batch_receiver(lambda: self.fire(rows, now))
-        self.deadlines.done(manager, [row.pk for row in rows])
+        self.deadlines.done(manager, pks)
         if progress is not None:
             progress()
 

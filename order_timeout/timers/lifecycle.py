@@ -98,14 +98,7 @@ class Lifecycle:
     @staticmethod
     def _read(kind: Timer, queue: TimeoutQueue, claim: Claim, now: datetime) -> tuple[dict[Key, str], list[str]]:
         """Each member's key; those that name none go to the quarantine (logged once)."""
-        by_key: dict[Key, str] = {}
-        malformed: list[str] = []
-        parse = kind.parser()
-        for member in claim.members:
-            try:
-                by_key[parse(member)] = member
-            except ValueError:
-                malformed.append(member)
+        by_key, malformed = kind.keys_of(claim.members)
         if malformed:
             logger.error("%s: dropping %d malformed member(s) into the quarantine: %r", kind.label,
                          len(malformed), malformed[:20])

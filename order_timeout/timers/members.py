@@ -8,11 +8,14 @@ never be claimed while its row still says "not yet" and spin the consumer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import models
+
+from ..db.keys import INTEGER_FIELDS
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -54,6 +57,22 @@ def parse_member(model: type[models.Model], member: str) -> Any:
     if pk is None or pk == "" or str(pk) != member:
         raise ValueError(f"malformed member {member!r}")
     return pk
+
+
+def integer_keys(model: type[models.Model], members: Sequence[str]) -> list[int] | None:
+    """The integer primary keys a claim's members name, read for the whole claim at once; None
+    unless the key is an integer field and every member is one's canonical digits (then each
+    member goes through ``parse_member``, which tells the malformed ones)."""
+    field = model._meta.pk
+    assert field is not None
+    if field.get_internal_type() not in INTEGER_FIELDS:
+        return None
+    try:
+        keys = list(map(int, members))
+    except ValueError:
+        return None
+    # int() takes " 7", "+7", "0_7" and "07" too: none is the member of an order.
+    return keys if list(map(str, keys)) == list(members) else None
 
 
 def reminder_member(model: type[models.Model], pk: Any, lead_ms: int) -> str:

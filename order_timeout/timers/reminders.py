@@ -19,9 +19,10 @@ from functools import partial
 from typing import Any
 
 from django.db import router, transaction
+from django.db.models import Model
 
 from ..conf import settings
-from ..db.locks import LockedOrders, lock_orders
+from ..db.locks import LockedOrders
 from ..db.primary import on_primary
 from ..models import Reminder
 from ..queue.keys import REMIND
@@ -89,48 +90,66 @@ class Reminders(OnOrderModel):
         return {member: score - lead for member, lead in zip(members, leads, strict=True)}, []
 
 
+    def takes_instances(self) -> bool:
+        """Instances for ``deadline_approaching``'s receivers (or a model that reads its status its
+        own way); otherwise a batch of reminders is recorded from the orders' keys, status and
+        deadline, and nothing is sent."""
+        return deadline_approaching.has_listeners(self.model) or self.reads_its_status_its_own_way()
+
     def lock(self, manager: Any, pks: Any) -> LockedOrders:
-        locked = lock_orders(manager, list(dict.fromkeys(pks)), hold=self.hold_condition(),
-                             settled=self.settled_condition())
-        locked.deadlines = {pk: order.expires_at for pk, order in locked.rows.items()}
-        return locked
+        return super().lock(manager, list(dict.fromkeys(pks)))
 
     def judge(self, keys: Sequence[Key], locked: LockedOrders, outcome: Outcome) -> list[Due]:
         """Due: the order is unpaid, its deadline still ahead, the reminder's moment (deadline
         minus its lead) has come, and it is not recorded for this deadline yet. One held at
-        its moment is due too, to be recorded as passed over."""
+        its moment is due too, to be recorded as passed over. Each due reminder comes with its
+        order, or (orders locked as tuples) with its deadline and whether it is held."""
         now = outcome.db_now = locked.db_now
         recorded = set(Reminder.objects.using(self.using).filter(
             order_model=self.model._meta.label, order_id__in=[str(pk) for pk in locked.rows],
             lead_ms__in={lead for _pk, lead in keys}).values_list("order_id", "lead_ms", "deadline"))
+        instances = locked.instances
         due: list[Due] = []
         for key in keys:
             pk, lead = key
             order = locked.rows.get(pk)
+            deadline = locked.deadlines.get(pk)
             if pk in locked.busy:
                 outcome.busy.append(key)
             elif order is None:
                 outcome.missing.append(key)
-            elif now is None or not order.awaits_payment or order.expires_at <= now or pk in locked.settled:
+            elif (now is None or deadline is None or deadline <= now or pk in locked.settled
+                  or not (order.awaits_payment if instances else pk in locked.pending)):
                 outcome.settled.append(key)  # paid, closed, no deadline, or too late: never after it
-            elif (str(pk), lead, order.expires_at) in recorded:
+            elif (str(pk), lead, deadline) in recorded:
                 outcome.settled.append(key)
-            elif order.expires_at - timedelta(milliseconds=lead) > now:
-                outcome.not_due[key] = order.expires_at - timedelta(milliseconds=lead)
+            elif deadline - timedelta(milliseconds=lead) > now:
+                outcome.not_due[key] = deadline - timedelta(milliseconds=lead)
             else:
-                if pk in locked.held:
+                held = pk in locked.held
+                if held:
                     outcome.passed.append(key)
-                    order._timeout_held = True  # ``act`` records it passed over, and sends nothing
                 else:
-                    outcome.moments[key] = order.expires_at - timedelta(milliseconds=lead)
-                due.append((key, order))
+                    outcome.moments[key] = deadline - timedelta(milliseconds=lead)
+                if instances:
+                    order._timeout_held = held  # ``act`` records it passed over, and sends nothing
+                    due.append((key, order))
+                else:
+                    due.append((key, (deadline, held)))
         return due
 
     def act(self, due: list[Due], now: datetime, progress: Any = None) -> None:
-        """Record the reminders (one INSERT), then send the ones whose order is not held."""
-        # ``judge`` marked the held orders (the lock's hold statement): passed over, recorded so.
-        held = {key for key, order in due if getattr(order, "_timeout_held", False)}
+        """Record the reminders (one INSERT), then send the ones whose order is not held (orders
+        locked as instances: some receiver takes them)."""
         model, using = self.model, self.using
+        if not isinstance(due[0][1], Model):
+            _record(model, using, [(key, deadline) for key, (deadline, _held) in due], now,
+                    held={key for key, (_deadline, held) in due if held})
+            if progress is not None:
+                progress()
+            return
+        # ``judge`` marked the held orders (the lock's hold statement): passed over, recorded so.
+        held = {key for key, order in due if order._timeout_held}
         _record(model, using, [(key, order.expires_at) for key, order in due], now, held=held)
         for key, order in due:
             if key in held:

@@ -17,6 +17,7 @@ from typing import Any
 from django.db import transaction
 
 from ..conf import settings
+from ..db.locks import LockedOrders
 from ..db.session import limited_session
 from ..exceptions import QueueUnavailable
 from ..models import DeadLetter
@@ -93,7 +94,7 @@ def requeue(letters: Iterable[DeadLetter], user: Any, now: datetime,
             keys = {_key(kind, letter): letter for letter in group}
             rows = manager.select_for_update().in_bulk(list(keys))
             pending = set(manager.filter(kind.pending, pk__in=list(rows)).values_list("pk", flat=True))
-            deadlines = kind.deadlines.read(manager, rows)
+            deadlines = kind.deadlines.read(manager, LockedOrders(rows=rows))
             scores: dict[str, int] = {}
             for key, letter in keys.items():
                 if key not in rows:

@@ -9,7 +9,7 @@ class ShopConfig(AppConfig):
     def ready(self) -> None:
         import os
 
-        from order_timeout.signals import deadline_approaching, order_expired, orders_expired
+        from order_timeout.signals import deadline_approaching, order_expired, order_keys_expired, orders_expired
 
         from .models import PlainOrderDeadline, ShopOrder
         from .receivers import (
@@ -17,6 +17,7 @@ class ShopConfig(AppConfig):
             notify_expired,
             notify_reminder,
             record_expiry,
+            record_expiry_keys,
             record_reminder,
             release_stock,
             release_stock_of,
@@ -27,6 +28,9 @@ class ShopConfig(AppConfig):
         # The benchmark turns this off: an INSERT per close would measure the shop, not us.
         if os.environ.get("SHOP_RECORD_EXPIRIES", "1") == "1":
             order_expired.connect(record_expiry, dispatch_uid="shop.record_expiry")
+        # The same record from the batch's keys alone: the close builds no instance for it.
+        if os.environ.get("SHOP_RECORD_EXPIRY_KEYS") == "1":
+            order_keys_expired.connect(record_expiry_keys, dispatch_uid="shop.record_expiry_keys")
         if os.environ.get("SHOP_BATCH_RECEIVERS") == "1":
             # The same close, a batch at a time: one INSERT and one UPDATE per batch.
             orders_expired.connect(write_status_changes, sender=ShopOrder,

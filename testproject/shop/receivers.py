@@ -1,6 +1,7 @@
 """The shop's receivers of ``order_expired``, run in the closing transaction.
 
-``record_expiry`` records each delivery (every order model). For tests that
+``record_expiry`` records each delivery (every order model), and
+``record_expiry_keys`` each key ``order_keys_expired`` names. For tests that
 drive a consumer in another process, environment variables change its
 behaviour: SHOP_EXIT_AFTER_COMMIT ends the process right after the close's
 COMMIT, SHOP_STALL_FILE makes the first delivery create that file and hang
@@ -28,18 +29,30 @@ logger = logging.getLogger("shop")
 
 
 def record_expiry(sender: Any, order: Any, **kwargs: Any) -> None:
+    _record_expiries(sender, [order.pk])
+
+
+def record_expiry_keys(sender: Any, keys: list[Any], **kwargs: Any) -> None:
+    """The same record from ``order_keys_expired``: a shop that needs no instance (the close then
+    builds none), one row per closed order all the same."""
+    _record_expiries(sender, keys)
+
+
+def _record_expiries(sender: Any, pks: list[Any]) -> None:
     if os.environ.get("SHOP_EXIT_AFTER_COMMIT") == "1":
         # The process dies right after the close's COMMIT, before any after-commit work (the
         # ack, an on_commit e-mail): a deploy's SIGKILL, the OOM killer.
         from django.db import transaction
 
         transaction.on_commit(lambda: os._exit(9))
-    if os.environ.get("SHOP_EXIT_ON_ORDER") == str(order.pk):
-        os._exit(3)  # a receiver that takes its process down (out of memory, a C crash)
-    if os.environ.get("SHOP_HANG_ON_ORDER") == str(order.pk):
-        time.sleep(3600)  # a receiver stuck outside the database (a call with no timeout)
-    Expiry.objects.create(order_id=str(order.pk), model=sender._meta.label)
-    logger.info("shop: released the stock of order %s", order.pk)
+    for pk in pks:
+        if os.environ.get("SHOP_EXIT_ON_ORDER") == str(pk):
+            os._exit(3)  # a receiver that takes its process down (out of memory, a C crash)
+        if os.environ.get("SHOP_HANG_ON_ORDER") == str(pk):
+            time.sleep(3600)  # a receiver stuck outside the database (a call with no timeout)
+    for pk in pks:
+        Expiry.objects.create(order_id=str(pk), model=sender._meta.label)
+    logger.info("shop: released the stock of order(s) %s", ", ".join(str(pk) for pk in pks))
     stall_file = os.environ.get("SHOP_STALL_FILE")
     if stall_file:
         Path(stall_file).touch()

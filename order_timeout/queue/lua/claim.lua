@@ -13,9 +13,15 @@
   ARGV[5] turn       "takeover": expired leases first; "due": due pending members first
                      (the consumer alternates, so neither waits behind all of the other)
   ARGV[6] ack token  the token of this consumer's last batch on this shard, committed since
-                     ("" for none): its members, ARGV[7..], are acked first, as forget.lua acks
-                     them, so a consumer that goes straight on pays one round trip a batch
-  ARGV[7..]          the members to ack (at most queue.SLICE)
+                     ("" for none): its members, ARGV[7], are acked in the same call, as
+                     forget.lua acks them, so a consumer that goes straight on pays one round
+                     trip a batch. After the claim: the lease set then never empties between
+                     two batches, and Redis builds a sorted set anew as a listpack, scanned at
+                     each of its first 128 adds (a batch of 500 leased at 1.3 us a member into a
+                     new set, 0.4 into one that lives). Before it when nothing is claimed, so the
+                     next score is not a lease the ack releases.
+  ARGV[7]            the members to ack (at most queue.SLICE), one argument, each ended by a
+                     newline (no member holds one): one string to send, not one per member
 
   Returns { next, takeovers, member... }:
   - Expired leases (their consumer died, froze or overran) are taken over. The first time a
@@ -35,13 +41,19 @@
     call; `takeovers` is 0.
 ]]
 --!include forget_members
+--!include owners_as_table
 local rcall = redis.call
 local pending, leased, owners, takeovers = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local now, limit, lease_until, token, turn = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
 
-if #ARGV > 6 then
-  local acked = {}
-  for i = 7, #ARGV do acked[#acked + 1] = ARGV[i] end
+-- The ack the call carries (ARGV[6], ARGV[7]).
+local function ack()
+  if not ARGV[7] or ARGV[7] == '' then return end
+  local acked, n = {}, 0
+  for member in string.gmatch(ARGV[7], '([^\n]*)\n') do
+    n = n + 1
+    acked[n] = member
+  end
   forget_members({ pending = pending, leased = leased, owners = owners, takeovers = takeovers,
                    attempts = KEYS[5], first_failure = KEYS[6], busy = KEYS[7], held = KEYS[8] },
                  ARGV[6], acked)
@@ -64,13 +76,14 @@ local function earliest(a, b)
 end
 
 local function lease(members)
+  if #members > 0 then owners_as_table(owners) end
   for i = 1, #members, step do
-    local scored, owned = {}, {}
+    -- Counted, not appended with #: a table's length is a search.
+    local scored, owned, n = {}, {}, 0
     for j = i, math.min(i + step - 1, #members) do
-      scored[#scored + 1] = lease_until
-      scored[#scored + 1] = members[j]
-      owned[#owned + 1] = members[j]
-      owned[#owned + 1] = token
+      scored[n + 1], scored[n + 2] = lease_until, members[j]
+      owned[n + 1], owned[n + 2] = members[j], token
+      n = n + 2
     end
     rcall('ZADD', leased, unpack(scored))
     rcall('HSET', owners, unpack(owned))
@@ -158,14 +171,20 @@ local function claim_due()
   end
   lease(batch)
   local reply = { '', tainted_count }
-  for _, member in ipairs(batch) do reply[#reply + 1] = member end
+  for i = 1, #batch do reply[i + 2] = batch[i] end
   return reply
 end
 
 local expired = first_leased and first_leased[2] <= now_number
 local due = first_pending and first_pending[2] <= now_number
-if expired and (turn ~= 'due' or not due) then return take_over() end
-if due then return claim_due() end
+local reply
+if expired and (turn ~= 'due' or not due) then
+  reply = take_over()
+elseif due then
+  reply = claim_due()
+end
+ack()
+if reply then return reply end
 
-local next_entry = earliest(first_pending, first_leased)
+local next_entry = earliest(first_pending, first(leased))
 return { next_entry and next_entry[1] or '', 0 }

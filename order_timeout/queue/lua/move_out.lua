@@ -8,7 +8,8 @@
 
   A member leaves only as it was read: its pending score unchanged, or its
   lease unchanged and run out by now (a live lease stays with its consumer,
-  to be moved by a later pass). Its retry state goes with it.
+  to be moved by a later pass). Its retry state goes with it, and with the shard's last lease
+  the owners hash's marker (lib/owners_as_table.lua): a layout left behind keeps no key.
   Returns the number of members taken out.
 ]]
 local rcall = redis.call
@@ -37,4 +38,5 @@ for i = 2, #ARGV, 3 do
     moved = moved + 1
   end
 end
+if rcall('EXISTS', leased) == 0 then rcall('HDEL', owners, '') end
 return moved

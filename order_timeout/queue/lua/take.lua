@@ -17,6 +17,7 @@
 
   Returns the members taken.
 ]]
+--!include owners_as_table
 local rcall = redis.call
 local pending, leased, owners = KEYS[1], KEYS[2], KEYS[3]
 local token = ARGV[1]
@@ -24,6 +25,7 @@ local now = tonumber(ARGV[2])
 local lease_until = ARGV[3]
 
 local taken = {}
+if #ARGV >= 4 then owners_as_table(owners) end
 for i = 4, #ARGV do
   local member = ARGV[i]
   local owner = rcall('HGET', owners, member)

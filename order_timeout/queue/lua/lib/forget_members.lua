@@ -17,18 +17,23 @@ local function forget_members(keys, token, members)
   local ours = members
   if token ~= '' then
     ours = {}
-    local held_by = redis.call('HMGET', keys.owners, unpack(members))
-    for i, member in ipairs(members) do
-      if not held_by[i] or held_by[i] == token then ours[#ours + 1] = member end
+    local held_by, n = redis.call('HMGET', keys.owners, unpack(members)), 0
+    for i = 1, #members do
+      if not held_by[i] or held_by[i] == token then
+        n = n + 1
+        ours[n] = members[i]
+      end
     end
     if #ours == 0 then return 0 end
   end
   redis.call('ZREM', keys.leased, unpack(ours))
   redis.call('HDEL', keys.owners, unpack(ours))
-  redis.call('HDEL', keys.attempts, unpack(ours))
-  redis.call('HDEL', keys.first_failure, unpack(ours))
-  redis.call('HDEL', keys.takeovers, unpack(ours))
-  redis.call('ZREM', keys.busy, unpack(ours))
-  redis.call('ZREM', keys.held, unpack(ours))
+  -- Retry state is rare: a key that does not exist is not handed the batch's members.
+  for _, held_state in ipairs({ keys.attempts, keys.first_failure, keys.takeovers }) do
+    if redis.call('EXISTS', held_state) == 1 then redis.call('HDEL', held_state, unpack(ours)) end
+  end
+  for _, marked in ipairs({ keys.busy, keys.held }) do
+    if redis.call('EXISTS', marked) == 1 then redis.call('ZREM', marked, unpack(ours)) end
+  end
   return #ours
 end
