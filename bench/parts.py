@@ -147,6 +147,7 @@ def ours(count: int, *, model_label: str = "order_timeout.Order", hold: bool = F
     from order_timeout.timers.registry import ORDER_TIMEOUT
 
     from . import recorder
+    from .workloads import keep_statistics
 
     model = apps.get_model(model_label)
     orders = _due_orders(model, count)
@@ -156,6 +157,7 @@ def ours(count: int, *, model_label: str = "order_timeout.Order", hold: bool = F
 
         OrderPayment.objects.bulk_create([OrderPayment(order=order) for order in orders[::10]])
         held = len(orders[::10])
+    keep_statistics(model)
     with transaction.atomic():
         for start in range(0, len(orders), 5000):
             schedule(orders[start:start + 5000])

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
+from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router
 from django.db.models import Case, DateTimeField, Exists, OuterRef, Q, When
@@ -124,6 +125,7 @@ def _rows_as_tuples(queryset: Any) -> tuple[dict[Any, tuple[Any, ...]], datetime
     sql, params = compiler.as_sql()
     connection = compiler.connection
     with connection.cursor() as cursor:
+        _timestamps_read_in_c(cursor)
         cursor.execute(sql, params)
         fetched = cursor.fetchall()
     if not fetched:
@@ -136,6 +138,22 @@ def _rows_as_tuples(queryset: Any) -> tuple[dict[Any, tuple[Any, ...]], datetime
         fetched = list(zip(*columns, strict=True))
     clock = next((row[-1] for row in fetched if row[-1] is not None), None)
     return {row[0]: row for row in fetched}, clock
+
+
+def _timestamps_read_in_c(cursor: Any) -> None:
+    """On PostgreSQL (psycopg 3), this cursor reads a ``timestamptz`` with psycopg's own loader.
+
+    Django's is a subclass of it in Python (to hand back its own time zone object), so psycopg
+    never swaps in its C twin: 3 us a value, a deadline a row. psycopg's own reads the instant
+    in the session's time zone, which Django set to the connection's: the same instant, aware
+    either way. Not without ``USE_TZ``: there Django's loader drops the zone.
+    """
+    adapters = getattr(getattr(cursor, "cursor", None), "adapters", None)
+    if adapters is None or not django_settings.USE_TZ:
+        return  # MySQL, psycopg2
+    from psycopg.types.datetime import TimestamptzLoader
+
+    adapters.register_loader("timestamptz", TimestamptzLoader)
 
 
 def _converted(values: Sequence[Any], functions: list[Any], expression: Any, connection: Any) -> tuple[Any, ...]:
