@@ -157,3 +157,36 @@ def test_a_member_that_int_would_read_as_a_key_but_is_not_one_names_no_order(spe
     by_key, malformed = ORDER_TIMEOUT.keys_of(members)
     assert by_key == {5: "5", 6: "6"} and malformed == [spelling.format(pk=5)]
     assert ORDER_TIMEOUT.keys_of(["5", "6", "70"]) == ({5: "5", 6: "6", 70: "70"}, [])
+
+
+@pytest.mark.parametrize("statement", ["lock", "hold"])
+def test_a_batch_statement_from_its_template_is_the_one_the_orm_compiles(statement) -> None:
+    """The batch's statements are compiled once per shape and each batch's keys written in
+    (issue 28): the text and parameters the ORM gives for those keys, first key included."""
+    from order_timeout.db import locks, templates
+    from testproject.shop.payments import in_flight
+
+    manager = Order._base_manager
+
+    def build(keys):
+        if statement == "lock":
+            return locks._locking(manager, keys).values_list("pk", "status", "_timeout_db_now")
+        return locks._rows_meeting(manager, in_flight(), keys).values_list("pk")
+
+    shape = ("test", statement, uuid.uuid4().hex)
+    for keys in ([3, 41, 5], [7], list(range(10, 510))):
+        ours = templates.compiled(shape, "default", build, keys)
+        sql, params = build(keys).query.get_compiler(using="default").as_sql()
+        assert (ours.sql, ours.params) == (sql, tuple(params))
+    assert templates._templates[("default", shape)] is not None  # the second and third came from it
+
+
+def test_a_batch_statement_of_keys_that_are_not_integers_is_compiled_as_the_orm_compiles_it() -> None:
+    from order_timeout.db import locks, templates
+
+    keys = [uuid.uuid4(), uuid.uuid4()]
+    ours = templates.compiled(("test", uuid.uuid4().hex), "default",
+                              lambda batch: locks._locking(UuidOrder._base_manager, batch).values_list("pk"), keys)
+    sql, params = locks._locking(UuidOrder._base_manager, keys).values_list("pk").query.get_compiler(
+        using="default").as_sql()
+    assert (ours.sql, ours.params) == (sql, tuple(params))

@@ -27,6 +27,7 @@ from ..conf import settings
 from .errors import is_lock_conflict
 from .keys import KeysIn
 from .session import DatabaseNow, database_now
+from .templates import Compiled, compiled
 
 logger = logging.getLogger("order_timeout")
 
@@ -84,22 +85,18 @@ def lock_orders(manager: Any, pks: Sequence[Any], *, hold: Q | None = None, pend
     sees every commit made before the rows were locked, and a payment that must change the
     order waits for its lock.
     """
-    skip_locked = connections[manager.db].features.has_select_for_update_skip_locked
-    # The database's clock, read by the same statement on one row (the first asked for):
-    # a datetime per row would cost a conversion per row for one value.
-    # Ordered by the key, not by the model's Meta.ordering: the rows come off the primary key
-    # as they are locked, with no sort of the batch (a filesort per batch on MariaDB).
-    locked = (manager.select_for_update(skip_locked=skip_locked).filter(KeysIn(pks)).order_by("pk")
-              .annotate(_timeout_db_now=Case(When(pk=pks[0], then=DatabaseNow()), default=None,
-                                             output_field=DateTimeField())))
     if columns is None:
-        found = LockedOrders(rows={order.pk: order for order in locked})
+        found = LockedOrders(rows={order.pk: order for order in _locking(manager, pks)})
         found.db_now = next((order._timeout_db_now for order in found.rows.values()
                              if order._timeout_db_now is not None), None)
     else:
         names = ("pk", *columns)
         found = LockedOrders(instances=False, columns=names)
-        found.rows, found.db_now = _rows_as_tuples(locked.values_list(*names, "_timeout_db_now"))
+        statement = compiled(("lock", manager.model._meta.label, names, django_settings.USE_TZ), manager.db,
+                             lambda keys: _locking(manager, keys).values_list(*names, "_timeout_db_now"), pks)
+        fetched = _rows_as_tuples(statement)
+        found.rows = {row[0]: row for row in fetched}
+        found.db_now = next((row[-1] for row in fetched if row[-1] is not None), None)
     if found.db_now is None and found.rows:
         # The first was locked elsewhere or is gone: one more statement, rarely.
         found.db_now = database_now(manager.db)
@@ -113,31 +110,36 @@ def lock_orders(manager: Any, pks: Sequence[Any], *, hold: Q | None = None, pend
     return found
 
 
-def _rows_as_tuples(queryset: Any) -> tuple[dict[Any, tuple[Any, ...]], datetime | None]:
-    """The rows of ``values_list(..., clock)`` by key, and the clock: each row the driver's tuple,
-    the clock left at its end.
+def _locking(manager: Any, pks: Sequence[Any]) -> Any:
+    """The locking ``SELECT`` of ``pks``' rows, skipping those locked elsewhere, with the clock."""
+    skip_locked = connections[manager.db].features.has_select_for_update_skip_locked
+    # The database's clock, read by the same statement on one row (the first asked for):
+    # a datetime per row would cost a conversion per row for one value.
+    # Ordered by the key, not by the model's Meta.ordering: the rows come off the primary key
+    # as they are locked, with no sort of the batch (a filesort per batch on MariaDB).
+    return (manager.select_for_update(skip_locked=skip_locked).filter(KeysIn(pks)).order_by("pk")
+            .annotate(_timeout_db_now=Case(When(pk=pks[0], then=DatabaseNow()), default=None,
+                                           output_field=DateTimeField())))
 
-    Read through the cursor, not the queryset's iterator: that converts each row in Python,
+
+def _rows_as_tuples(statement: Compiled) -> list[tuple[Any, ...]]:
+    """The statement's rows, each the driver's tuple, converted as Django would convert them.
+
+    Read through the cursor, not a queryset's iterator: that converts each row in Python,
     value by value (on MySQL a ``make_aware`` per DATETIME, two a row), where here a column that
     needs converting is converted whole, and most need nothing (an integer key, a status).
     """
-    compiler = queryset.query.get_compiler(using=queryset.db)
-    sql, params = compiler.as_sql()
-    connection = compiler.connection
+    connection = statement.connection
     with connection.cursor() as cursor:
         _timestamps_read_in_c(cursor)
-        cursor.execute(sql, params)
+        cursor.execute(statement.sql, statement.params)
         fetched = cursor.fetchall()
-    if not fetched:
-        return {}, None
-    converters = compiler.get_converters([column for column, _sql, _alias in compiler.select])
-    if converters:
+    if fetched and statement.converters:
         columns = list(zip(*fetched, strict=True))
-        for at, (functions, expression) in converters.items():
+        for at, (functions, expression) in statement.converters.items():
             columns[at] = _converted(columns[at], functions, expression, connection)
         fetched = list(zip(*columns, strict=True))
-    clock = next((row[-1] for row in fetched if row[-1] is not None), None)
-    return {row[0]: row for row in fetched}, clock
+    return list(fetched)
 
 
 def _timestamps_read_in_c(cursor: Any) -> None:
@@ -174,7 +176,9 @@ def _converted(values: Sequence[Any], functions: list[Any], expression: Any, con
 def _meeting(manager: Any, condition: Q, rows: dict[Any, Any]) -> set[Any]:
     """The keys among ``rows`` whose row meets ``condition`` (a condition over a related table
     may match a row more than once: a set)."""
-    return set(_rows_meeting(manager, condition, list(rows)).values_list("pk", flat=True))
+    statement = compiled(("meeting", manager.model._meta.label, condition), manager.db,
+                         lambda keys: _rows_meeting(manager, condition, keys).values_list("pk"), list(rows))
+    return {row[0] for row in _rows_as_tuples(statement)}
 
 
 def _rows_meeting(manager: Any, condition: Q, pks: Sequence[Any]) -> Any:
