@@ -10,7 +10,6 @@ of the keys runs in the close's transaction and can refuse it.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +22,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from order_timeout import timers
+from order_timeout.consumer import Consumer
 from order_timeout.models import Order, Reminder
 from order_timeout.signals import deadline_approaching, order_expired, order_keys_expired, orders_expired
 from order_timeout.timers import registry
@@ -30,7 +30,7 @@ from order_timeout.timers.closes import OrderTimeout
 from order_timeout.timers.registry import REMINDERS
 from testproject.shop.models import Checkout, OrderPayment, Payment, ShopOrder, StockRecord, StockReservation
 
-from .conftest import both_models
+from .conftest import both_models, running, wait_for
 from .helpers import state
 from .test_consumer import no_receivers
 
@@ -286,17 +286,34 @@ def test_a_reminder_of_an_order_whose_payment_is_in_flight_is_recorded_passed_ov
     assert records(order) == [(45_000, "held"), (60_000, "held")]
 
 
-def test_three_consumers_record_each_reminder_nobody_listens_to_once(two_reminders, consumer):
+def test_three_consumers_record_each_reminder_nobody_listens_to_once(two_reminders):
     orders = [Order.objects.create(expires_at=timezone.now() + timedelta(seconds=30)) for _ in range(60)]
-    workers = [consumer(kinds=[REMINDERS], batch_size=7) for _ in range(3)]
+    workers = [Consumer(batch_size=7, kinds=[REMINDERS]) for _ in range(3)]
 
-    threads = [threading.Thread(target=worker.run, kwargs={"once": True}) for worker in workers]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    with running(workers[0]), running(workers[1]), running(workers[2]):
+        wait_for(lambda: Reminder.objects.count() >= 120, timeout=60)
 
     assert sum(worker.stats.reminders.sent for worker in workers) == 120
     assert Reminder.objects.filter(outcome="sent").count() == 120
     assert not Reminder.objects.values("order_id", "lead_ms").annotate(n=Count("id")).filter(n__gt=1).exists()
     assert {int(pk) for pk in Reminder.objects.values_list("order_id", flat=True)} == {o.pk for o in orders}
+
+
+def test_a_row_whose_deadline_the_apps_table_no_longer_holds_is_not_acted_on_from_a_batch_of_keys(consumer):
+    """A timer whose deadlines live in the app's table, read as keys (no fire()): a row whose
+    deadline row went behind the queue's back (its member left in Redis) is settled, not acted
+    on, though every other row of its batch is due."""
+    from order_timeout.models import Deadline
+    from testproject.shop.models import PlainOrder
+
+    timer = registry.get("plain-order-payment")
+    orders = list(PlainOrder.objects.bulk_create([PlainOrder() for _ in range(3)]))
+    for order in orders:
+        timer.set_deadline(order, timezone.now() - timedelta(seconds=5))
+    Deadline.objects.filter(timer=timer.name, object_id=str(orders[1].pk)).delete()
+
+    stats = consumer(kinds=[timer]).run(once=True)
+
+    statuses = dict(PlainOrder.objects.values_list("pk", "status"))
+    assert [statuses[order.pk] for order in orders] == ["cancelled", "pending", "cancelled"]
+    assert stats.of(timer.name).acted == 2

@@ -92,7 +92,8 @@ def lock_orders(manager: Any, pks: Sequence[Any], *, hold: Q | None = None, pend
     else:
         names = ("pk", *columns)
         found = LockedOrders(instances=False, columns=names)
-        statement = compiled(("lock", manager.model._meta.label, names, django_settings.USE_TZ), manager.db,
+        shape = ("lock", manager.model._meta.label, type(manager), names, django_settings.USE_TZ)
+        statement = compiled(shape, manager.db,
                              lambda keys: _locking(manager, keys).values_list(*names, "_timeout_db_now"), pks)
         fetched = _rows_as_tuples(statement)
         found.rows = {row[0]: row for row in fetched}
@@ -176,7 +177,7 @@ def _converted(values: Sequence[Any], functions: list[Any], expression: Any, con
 def _meeting(manager: Any, condition: Q, rows: dict[Any, Any]) -> set[Any]:
     """The keys among ``rows`` whose row meets ``condition`` (a condition over a related table
     may match a row more than once: a set)."""
-    statement = compiled(("meeting", manager.model._meta.label, condition), manager.db,
+    statement = compiled(("meeting", manager.model._meta.label, type(manager), condition), manager.db,
                          lambda keys: _rows_meeting(manager, condition, keys).values_list("pk"), list(rows))
     return {row[0] for row in _rows_as_tuples(statement)}
 

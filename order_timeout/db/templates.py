@@ -11,9 +11,11 @@ Only for integer keys (they print as their digits), and only when the
 marker stands once in the list and at most once among the parameters (the
 first key, which the locking ``SELECT`` names in its clock's ``CASE``);
 anything else is compiled batch by batch, as before. A shape names what
-the statement depends on besides the keys (the model, the columns, the
-condition); a condition that is new each batch (it names the time) is new
-each time, and the few shapes last asked are kept.
+the statement depends on besides the keys (the model and its manager, the
+columns, the condition); a condition that is new each batch (it names the
+time) is new each time, and the few shapes last asked are kept. The manager
+is the model's base manager, which Django asks never to filter, so the same
+shape is the same statement in every thread.
 """
 
 from __future__ import annotations

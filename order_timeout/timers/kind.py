@@ -313,11 +313,12 @@ class Timer:
         """Sort the keys under the lock: the due ones (returned, with their rows) and the rest."""
         now = outcome.db_now = locked.db_now
         rows, deadlines = locked.rows, locked.deadlines
-        if (now is not None and not locked.instances and len(rows) == len(keys) == len(locked.pending)
+        if (now is not None and not locked.instances
+                and len(rows) == len(keys) == len(locked.pending) == len(deadlines)
                 and not (locked.busy or locked.held or locked.settled) and None not in deadlines.values()
                 and max(deadlines.values()) <= now):
-            # The burst's batch: every row found, pending and due, none held. Told by a few
-            # operations over the whole batch, not a look at each row.
+            # The burst's batch: every row found, pending, with a deadline and due, none held. Told
+            # by a few operations over the whole batch, not a look at each row.
             outcome.moments = dict(deadlines)
             return [(key, rows[key]) for key in keys]
         longest = self.longest_hold()
