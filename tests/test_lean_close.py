@@ -159,23 +159,26 @@ def test_a_member_that_int_would_read_as_a_key_but_is_not_one_names_no_order(spe
     assert ORDER_TIMEOUT.keys_of(["5", "6", "70"]) == ({5: "5", 6: "6", 70: "70"}, [])
 
 
-@pytest.mark.parametrize("statement", ["lock", "hold"])
+@pytest.mark.parametrize("statement", ["lock", "hold", "lock-of-a-32-bit-key"])
 def test_a_batch_statement_from_its_template_is_the_one_the_orm_compiles(statement) -> None:
     """The batch's statements are compiled once per shape and each batch's keys written in
-    (issue 28): the text and parameters the ORM gives for those keys, first key included."""
+    (issue 28): the text and parameters the ORM gives for those keys, first key included,
+    whatever the key's integer field (a marker out of its range would be left out)."""
+    from django.contrib.auth.models import User
+
     from order_timeout.db import locks, templates
     from testproject.shop.payments import in_flight
 
-    manager = Order._base_manager
+    manager = User._base_manager if statement == "lock-of-a-32-bit-key" else Order._base_manager
 
     def build(keys):
-        if statement == "lock":
-            return locks._locking(manager, keys).values_list("pk", "status", "_timeout_db_now")
-        return locks._rows_meeting(manager, in_flight(), keys).values_list("pk")
+        if statement == "hold":
+            return locks._rows_meeting(manager, in_flight(), keys).values_list("pk")
+        return locks._locking(manager, keys).values_list("pk", "_timeout_db_now")
 
     shape = ("test", statement, uuid.uuid4().hex)
     for keys in ([3, 41, 5], [7], list(range(10, 510))):
-        ours = templates.compiled(shape, "default", build, keys)
+        ours = templates.compiled(shape, "default", build, keys, names_first_key=statement != "hold")
         sql, params = build(keys).query.get_compiler(using="default").as_sql()
         assert (ours.sql, ours.params) == (sql, tuple(params))
     assert templates._templates[("default", shape)] is not None  # the second and third came from it
@@ -190,3 +193,37 @@ def test_a_batch_statement_of_keys_that_are_not_integers_is_compiled_as_the_orm_
     sql, params = locks._locking(UuidOrder._base_manager, keys).values_list("pk").query.get_compiler(
         using="default").as_sql()
     assert (ours.sql, ours.params) == (sql, tuple(params))
+
+
+@pytest.fixture
+def database_in_new_york():
+    """The database stores local times (``DATABASES[...]["TIME_ZONE"]``): MySQL and MariaDB only,
+    PostgreSQL keeps its time zones itself."""
+    if connection.vendor != "mysql":
+        pytest.skip("DATABASES TIME_ZONE is for a database without time zone support")
+    before = connection.settings_dict["TIME_ZONE"]
+    connection.settings_dict["TIME_ZONE"] = "America/New_York"
+    for cached in ("timezone", "timezone_name"):
+        connection.__dict__.pop(cached, None)
+    yield
+    connection.settings_dict["TIME_ZONE"] = before
+    for cached in ("timezone", "timezone_name"):
+        connection.__dict__.pop(cached, None)
+
+
+@pytest.mark.parametrize("columns", [None, ("status", "expires_at")], ids=["instances", "tuples"])
+def test_the_clock_a_locking_select_reads_is_the_databases_own_in_a_database_of_local_times(
+        database_in_new_york, columns) -> None:
+    """``UTC_TIMESTAMP`` is read in UTC whatever the connection's zone: labelled in New York's it
+    stood five hours ahead, and an order an hour from its deadline read as due."""
+    from django.db import transaction
+
+    from order_timeout.db.locks import lock_orders
+
+    order = Order.objects.create(expires_at=timezone.now() + timedelta(hours=1))
+    with transaction.atomic():
+        locked = lock_orders(Order._base_manager, [order.pk], columns=columns)
+
+    assert abs(locked.db_now - timezone.now()) < timedelta(minutes=1)
+    assert locked.values("expires_at")[order.pk] == order.expires_at
+    assert locked.db_now < order.expires_at

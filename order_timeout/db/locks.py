@@ -26,7 +26,7 @@ from django.db.models import Case, DateTimeField, Exists, OuterRef, Q, When
 from ..conf import settings
 from .errors import is_lock_conflict
 from .keys import KeysIn
-from .session import DatabaseNow, database_now
+from .session import DatabaseNow, as_read, database_now
 from .templates import Compiled, compiled
 
 logger = logging.getLogger("order_timeout")
@@ -94,10 +94,12 @@ def lock_orders(manager: Any, pks: Sequence[Any], *, hold: Q | None = None, pend
         found = LockedOrders(instances=False, columns=names)
         shape = ("lock", manager.model._meta.label, type(manager), names, django_settings.USE_TZ)
         statement = compiled(shape, manager.db,
-                             lambda keys: _locking(manager, keys).values_list(*names, "_timeout_db_now"), pks)
+                             lambda keys: _locking(manager, keys).values_list(*names, "_timeout_db_now"), pks,
+                             names_first_key=True)
         fetched = _rows_as_tuples(statement)
         found.rows = {row[0]: row for row in fetched}
         found.db_now = next((row[-1] for row in fetched if row[-1] is not None), None)
+    found.db_now = as_read(found.db_now, connections[manager.db])
     if found.db_now is None and found.rows:
         # The first was locked elsewhere or is gone: one more statement, rarely.
         found.db_now = database_now(manager.db)
@@ -161,7 +163,9 @@ def _timestamps_read_in_c(cursor: Any) -> None:
 
 def _converted(values: Sequence[Any], functions: list[Any], expression: Any, connection: Any) -> tuple[Any, ...]:
     """A column's values as Django's converters make them, the common one without a call a value."""
-    if functions == [getattr(connection.ops, "convert_datetimefield_value", None)] and connection.vendor == "mysql":
+    mysql_datetime = getattr(type(connection.ops), "convert_datetimefield_value", None)
+    if (connection.vendor == "mysql" and len(functions) == 1
+            and getattr(functions[0], "__func__", None) is mysql_datetime):
         # MySQL's converter is make_aware() in the connection's time zone: a naive DATETIME
         # given its zone, which is what replace() does with a zoneinfo zone.
         zone = connection.timezone

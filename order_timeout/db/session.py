@@ -53,6 +53,19 @@ class DatabaseNow(Now):
         return self.as_sql(compiler, connection, template="UTC_TIMESTAMP(6)", **extra_context)
 
 
+def as_read(clock: datetime | None, connection: Any) -> datetime | None:
+    """The clock a statement read with ``DatabaseNow``, as Django's converter handed it back.
+
+    On MySQL that is ``UTC_TIMESTAMP(6)``'s wall time, which the converter labels in the
+    connection's time zone: right while it is UTC, hours off with ``DATABASES[...]["TIME_ZONE"]``
+    set (a database that stores local times), where a deadline an hour ahead read as due.
+    Labelled UTC again; another database's clock comes with its zone and stays as it is.
+    """
+    if clock is None or connection.vendor != "mysql" or timezone.is_naive(clock):
+        return clock
+    return clock.replace(tzinfo=UTC)
+
+
 def database_now(using: str) -> datetime:
     """The database server's clock, read with one query (this host's for SQLite, the demo's)."""
     connection = connections[using]

@@ -8,8 +8,8 @@ each batch's keys are written where the marker stood, as ``KeysIn`` writes
 them: the statement the ORM would build for those keys, to the byte.
 
 Only for integer keys (they print as their digits), and only when the
-marker stands once in the list and at most once among the parameters (the
-first key, which the locking ``SELECT`` names in its clock's ``CASE``);
+marker stands once in the list and, where the statement names the first key
+among its parameters (the locking ``SELECT``'s clock, a ``CASE``), once there;
 anything else is compiled batch by batch, as before. A shape names what
 the statement depends on besides the keys (the model and its manager, the
 columns, the condition); a condition that is new each batch (it names the
@@ -28,7 +28,8 @@ from typing import Any
 
 from django.db import connections
 
-# 2**53 + 1: the key of no row, and, being an int, written into the statement as its digits.
+# The marker key: 2**53 + 1, or the largest a smaller integer key can hold (Django leaves a
+# value out of the field's range out of the statement). An int: written as its digits.
 MARK = 9_007_199_254_740_993
 # Shapes kept (a consumer asks two or three; a condition that changes each batch is a new one).
 MOST_SHAPES = 32
@@ -59,11 +60,13 @@ _templates: OrderedDict[Hashable, _Template | None] = OrderedDict()
 _lock = threading.Lock()
 
 
-def compiled(shape: Hashable, using: str, build: Callable[[Sequence[Any]], Any], pks: Sequence[Any]) -> Compiled:
+def compiled(shape: Hashable, using: str, build: Callable[[Sequence[Any]], Any], pks: Sequence[Any], *,
+             names_first_key: bool = False) -> Compiled:
     """``build(pks)`` (a queryset on the database ``using``) compiled: from its shape's template
-    when the keys are integers."""
+    when the keys are integers. ``names_first_key``: the statement has the first key among its
+    parameters too (the locking ``SELECT``'s clock), and its template must have it."""
     if pks and all(type(pk) is int for pk in pks) and _hashable(shape):
-        template = _template((using, shape), using, build)
+        template = _template((using, shape), using, build, 1 if names_first_key else 0)
         if template is not None:
             params = list(template.params)
             if template.first_key_at is not None:
@@ -75,17 +78,20 @@ def compiled(shape: Hashable, using: str, build: Callable[[Sequence[Any]], Any],
     return Compiled(sql, tuple(params), _converters(compiler), compiler.connection)
 
 
-def _template(shape: Hashable, using: str, build: Callable[[Sequence[Any]], Any]) -> _Template | None:
+def _template(shape: Hashable, using: str, build: Callable[[Sequence[Any]], Any],
+              first_keys: int) -> _Template | None:
     with _lock:
         if shape in _templates:
             _templates.move_to_end(shape)
             return _templates[shape]
-    compiler = build([MARK]).query.get_compiler(using=using)
+    queryset = build([0])  # unevaluated: its model, for the marker its key can hold
+    mark = _mark(queryset.model, connections[using])
+    compiler = build([mark]).query.get_compiler(using=using)
     sql, params = compiler.as_sql()
-    listed = f"IN ({MARK})"
-    marks = [at for at, param in enumerate(params) if param == MARK]
+    listed = f"IN ({mark})"
+    marks = [at for at, param in enumerate(params) if param == mark]
     template = None
-    if sql.count(str(MARK)) == 1 and listed in sql and len(marks) <= 1:
+    if sql.count(str(mark)) == 1 and listed in sql and len(marks) == first_keys:
         before, after = sql.split(listed)
         template = _Template(f"{before}IN (", f"){after}", tuple(params), marks[0] if marks else None,
                              _converters(compiler))
@@ -94,6 +100,15 @@ def _template(shape: Hashable, using: str, build: Callable[[Sequence[Any]], Any]
         while len(_templates) > MOST_SHAPES:
             _templates.popitem(last=False)
     return template
+
+
+def _mark(model: Any, connection: Any) -> int:
+    """The marker for ``model``'s key: ``MARK``, or the largest its integer field can hold."""
+    try:
+        _lowest, highest = connection.ops.integer_field_range(model._meta.pk.get_internal_type())
+    except KeyError:  # not an integer field: its keys are not ints, and no template is asked for
+        return MARK
+    return MARK if highest is None else min(MARK, highest)
 
 
 def _hashable(shape: Hashable) -> bool:

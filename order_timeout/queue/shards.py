@@ -244,7 +244,8 @@ class Shard:
         """Lease a dead claim's batch (or one member of it), or up to ``limit`` due members.
 
         ``ack``: ``(token, members)`` of an earlier claim of this shard, committed since: acked
-        first, in the same script (as ``forget`` acks them; at most ``SLICE`` members).
+        in the same script (as ``forget`` acks them; at most ``SLICE`` members), after a claim of
+        due members, before a takeover or an idle answer.
 
         Expired leases go first unless ``due_first``: a consumer alternates, so
         a dead consumer's batch, taken over whole (then member by member if its

@@ -15,11 +15,12 @@
   ARGV[6] ack token  the token of this consumer's last batch on this shard, committed since
                      ("" for none): its members, ARGV[7], are acked in the same call, as
                      forget.lua acks them, so a consumer that goes straight on pays one round
-                     trip a batch. After the claim: the lease set then never empties between
-                     two batches, and Redis builds a sorted set anew as a listpack, scanned at
-                     each of its first 128 adds (a batch of 500 leased at 1.3 us a member into a
-                     new set, 0.4 into one that lives). Before it when nothing is claimed, so the
-                     next score is not a lease the ack releases.
+                     trip a batch. After a claim of due members: the lease set then never
+                     empties between two batches, and Redis builds a sorted set anew as a
+                     listpack, scanned at each of its first 128 adds (a batch of 500 leased at
+                     1.3 us a member into a new set, 0.4 into one that lives). Before a
+                     takeover, whose expired lease may be the acked batch's own (committed,
+                     then late), and before the next score is read when nothing is claimed.
   ARGV[7]            the members to ack (at most queue.SLICE), one argument, each ended by a
                      newline (no member holds one): one string to send, not one per member
 
@@ -177,14 +178,15 @@ end
 
 local expired = first_leased and first_leased[2] <= now_number
 local due = first_pending and first_pending[2] <= now_number
-local reply
-if expired and (turn ~= 'due' or not due) then
-  reply = take_over()
-elseif due then
-  reply = claim_due()
+if due and not (expired and turn ~= 'due') then
+  local reply = claim_due()
+  ack()
+  return reply
 end
 ack()
-if reply then return reply end
+first_leased = first(leased)
+if first_leased and first_leased[2] <= now_number then return take_over() end
+if due then return claim_due() end
 
-local next_entry = earliest(first_pending, first(leased))
+local next_entry = earliest(first_pending, first_leased)
 return { next_entry and next_entry[1] or '', 0 }

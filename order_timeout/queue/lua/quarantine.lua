@@ -17,6 +17,7 @@
   costs what it moves.
   Returns the number of members moved.
 ]]
+--!include owners_as_table
 local rcall = redis.call
 local pending, leased, owners = KEYS[1], KEYS[2], KEYS[3]
 local attempts, first_failure, takeovers, busy, held, quarantine =
@@ -29,7 +30,10 @@ local moved = {}
 for i = 4, #ARGV do
   local member = ARGV[i]
   local holder = rcall('HGET', owners, member)
-  if token == '' or not holder or holder == token then moved[#moved + 1] = member end
+  -- The owners hash's own field (an empty member's) holds no claim's token.
+  if token == '' or not holder or holder == token or holder == OWNERS_AS_TABLE then
+    moved[#moved + 1] = member
+  end
 end
 for _, key in ipairs({ pending, leased }) do
   local far = rcall('ZRANGEBYSCORE', key, '(' .. max_score, '+inf', 'LIMIT', 0, sweep)

@@ -28,6 +28,9 @@ local function forget_members(keys, token, members)
   end
   redis.call('ZREM', keys.leased, unpack(ours))
   redis.call('HDEL', keys.owners, unpack(ours))
+  -- With the shard's last lease, the owners hash's own field (lib/owners_as_table.lua): a shard
+  -- that holds nothing keeps no key (the next lease makes the hash a table again).
+  if redis.call('EXISTS', keys.leased) == 0 then redis.call('HDEL', keys.owners, '') end
   -- Retry state is rare: a key that does not exist is not handed the batch's members.
   for _, held_state in ipairs({ keys.attempts, keys.first_failure, keys.takeovers }) do
     if redis.call('EXISTS', held_state) == 1 then redis.call('HDEL', held_state, unpack(ours)) end
