@@ -88,6 +88,23 @@ DEFAULTS: dict[str, Any] = {
     # Seconds the scan's Redis lock lives without being renewed (it is renewed
     # before every chunk), so a crashed scan never blocks the next for long.
     "COMPENSATION_LOCK_SECONDS": 60,
+    # Seconds between two scans that read every overdue row from the oldest. The scans between
+    # start where the last one left nothing but open dead letters behind, so the rows staff have
+    # not decided on yet are not read again every COMPENSATION_INTERVAL.
+    "COMPENSATION_FULL_INTERVAL": 86400,
+    # Retention: what the app wrote and no longer needs is deleted this many seconds after it was
+    # done with (the prune, order_timeout_prune). None: kept for ever.
+    # A delivered notice, from its delivery; a dropped one, from when it was due.
+    "NOTICE_RETENTION": 7 * 86400,
+    # A reminder's record, from the deadline it was for (past it, no reminder is ever sent).
+    "REMINDER_RETENTION": 7 * 86400,
+    # A dead letter staff resolved (requeued, closed, dropped), from its resolution. Open ones stay.
+    "DEAD_LETTER_RETENTION": 30 * 86400,
+    # Seconds between two prunes run by the compensation scan's Celery task. None: the task never
+    # prunes (run order_timeout_prune yourself, from cron).
+    "PRUNE_INTERVAL": 3600,
+    # Rows one DELETE of the prune removes (a short transaction of its own each).
+    "PRUNE_CHUNK": 1000,
     # A bearer token that lets a scraper read views.metrics without a login
     # ("Authorization: Bearer <token>"). None: only logged-in users with the
     # view_timeoutoverview permission may read it.
@@ -338,6 +355,12 @@ VALIDATORS: dict[str, Callable[[str, Any], None]] = {
     "COMPENSATION_INTERVAL": _positive_number,
     "COMPENSATION_CHUNK": _positive_int,
     "COMPENSATION_LOCK_SECONDS": _positive_number,
+    "COMPENSATION_FULL_INTERVAL": _positive_number,
+    "NOTICE_RETENTION": _optional_non_negative_number,
+    "REMINDER_RETENTION": _optional_non_negative_number,
+    "DEAD_LETTER_RETENTION": _optional_non_negative_number,
+    "PRUNE_INTERVAL": _optional_positive_number,
+    "PRUNE_CHUNK": _batch_size,
     "METRICS_TOKEN": _token,
     "DEAD_LETTER_TRACEBACKS": _bool,
     "HOLD_CONDITION": _hold_condition,

@@ -474,7 +474,9 @@ class DeadLetter(models.Model):
     order_id = models.CharField(_("order id"), max_length=64)
     # The kind of timer whose act kept failing: "" for the order close, else a declared
     # timer's name (order_model and order_id then name that timer's row).
-    timer = models.CharField(_("timer"), max_length=64, blank=True, default="")
+    # db_default too: a consumer of 0.2 (which knows no timers) writes its dead letters without
+    # this column while both releases run on the new schema.
+    timer = models.CharField(_("timer"), max_length=64, blank=True, default="", db_default="")
     attempts = models.PositiveIntegerField(_("attempts"))
     error_type = models.CharField(_("error type"), max_length=255)
     last_error = models.TextField(_("last error"), blank=True)
@@ -493,7 +495,11 @@ class DeadLetter(models.Model):
         verbose_name = _("dead letter")
         verbose_name_plural = _("dead letters")
         ordering = ["-last_failed_at"]
-        indexes = [models.Index(fields=["order_model", "order_id"])]
+        indexes = [
+            models.Index(fields=["order_model", "order_id"]),
+            # The prune deletes the resolved ones by age.
+            models.Index(fields=["resolved_at"], name="order_timeout_deadletter_age"),
+        ]
         permissions = [
             ("requeue_deadletter", _("Can requeue a dead letter")),
             ("close_deadletter_order", _("Can close a dead letter's order now")),
@@ -537,6 +543,8 @@ class Reminder(models.Model):
         ordering = ["-at"]
         constraints = [models.UniqueConstraint(fields=["order_model", "order_id", "lead_ms", "deadline"],
                                                name="order_timeout_reminder_once")]
+        # The prune deletes them by their deadline's age.
+        indexes = [models.Index(fields=["deadline"], name="order_timeout_reminder_age")]
 
     def __str__(self) -> str:
         return f"{self.order_model} {self.order_id}: {self.lead_ms / 1000:g} s before {self.deadline}"
