@@ -154,6 +154,25 @@ class GlobalKeys:
         """Hash: member = a member the scan started acting on, value = scans that did not finish it."""
         return self._key("scanning")
 
+    @property
+    def scan_mark(self) -> str:
+        """Hash: where this kind's next compensation scan starts its walk of the overdue rows
+        (``from``, a deadline in ms: below it the last scan left only open dead letters) and when
+        the last scan that walked them all from the oldest ran (``full``, ms)."""
+        return self._key("scan-mark")
+
+    @property
+    def prune_turn(self) -> str:
+        """String, with a time to live of ``PRUNE_INTERVAL``: the token of the last prune the beat
+        ran; while it lives, the beat's scans do not prune (one for every kind)."""
+        return f"{{{self.prefix}}}:prune-turn"
+
+    @property
+    def pruned(self) -> str:
+        """Hash: rows the prune deleted, per table, since Redis last lost its data (``total:<table>``),
+        the last run's (``last:<table>``) and when it ended (``at``, ms) (one for every kind)."""
+        return f"{{{self.prefix}}}:pruned"
+
     def all(self) -> list[str]:
         """Every key of the queue as a whole that holds data."""
-        return [self.compensation_lock, self.drift, self.scanning]
+        return [self.compensation_lock, self.drift, self.scanning, self.scan_mark, self.prune_turn, self.pruned]

@@ -26,6 +26,7 @@ from redis.commands.core import Script
 
 from ..exceptions import QueueUnavailable
 from .errors import redis_errors
+from .housekeeping import Housekeeping
 from .keys import CLOSE, GlobalKeys, QueueKeys, shard_of
 from .scripts import SCRIPT_NAMES, load_script_source
 
@@ -664,6 +665,11 @@ class TimeoutQueue:
                 for member in members:
                     pipe.hincrby(self.global_keys.scanning, member, 1)
                 pipe.execute()
+
+    @cached_property
+    def housekeeping(self) -> Housekeeping:
+        """Where this kind's scan starts its walk; the prune's turn and totals."""
+        return Housekeeping(self.client, self.global_keys)
 
     def record_drift(self, missing: int) -> None:
         with redis_errors("record the drift"):

@@ -8,6 +8,10 @@ pending row with a future deadline that is missing from Redis back into its
 kind's pending set, after Redis lost its data. Both walk each kind's
 deadlines in keyset-paginated chunks, never OFFSET and never a whole table in
 memory, and hold one Redis lock so two scans never run at once.
+
+Close mode starts its walk where the last scan left nothing but open dead letters
+behind (``Housekeeping.scan_mark``), so the rows waiting for staff are not read
+again on every run; every ``COMPENSATION_FULL_INTERVAL`` it walks from the oldest.
 """
 
 from __future__ import annotations
@@ -28,11 +32,12 @@ from ..db.session import limited_session
 from ..exceptions import QueueUnavailable, RepeatedTakeover
 from ..models import DeadLetter, TimeoutOrderMixin
 from ..queue import TimeoutQueue
+from ..queue.housekeeping import ScanMark
 from ..timers.acting import act_on
 from ..timers.closes import OrderTimeout
 from ..timers.giving_up import Failure
 from ..timers.kind import Timer
-from ..timers.members import now_score
+from ..timers.members import datetime_of_score, now_score
 from ..timers.registry import registry
 from ..timers.reminders import Reminders
 from ..timers.retrying import Retrier
@@ -114,6 +119,7 @@ class CompensationScan:
         progress: Progress | None = None,
         exit_when_stuck: bool = False,
         kinds: list[Timer] | None = None,
+        from_oldest: bool = False,
     ) -> None:
         # The order close (and its reminders) of ``model`` when it is not ORDER_MODEL.
         self.kinds = registry.kinds_for(model, kinds)
@@ -138,6 +144,8 @@ class CompensationScan:
         # ``full``: a consumer's rebuild of a queue Redis lost: every future deadline, and every
         # overdue row missing from Redis put back due (with ``heal``).
         self.full = full
+        # Walk every overdue row from the oldest, not from where the last scan left only dead letters.
+        self.from_oldest = from_oldest
         self.rebuild_until = (self.now + timedelta(seconds=2 * settings.COMPENSATION_INTERVAL)
                               + self.grace) if heal and not full else None
 
@@ -237,14 +245,21 @@ class CompensationScan:
 
     def _close_overdue(self, kind: Timer, token: str) -> None:
         figures = self.result.figures(kind)
-        if self.full and isinstance(kind, Reminders):
-            return  # a reminder overdue is never sent; the rebuild put the future ones back
+        if isinstance(kind, Reminders):
+            return  # a reminder overdue is never sent; the close scan closes its order
         before = self.now - self.grace
-        chunks = kind.overdue(before, self.chunk_size)
+        mark = self._scan_mark(kind)
+        since = None if mark is None else datetime_of_score(mark.from_ms - 1)
+        # The earliest deadline this walk leaves to anyone but staff: where the next one starts.
+        earliest: datetime | None = None
+        chunks = kind.overdue(before, self.chunk_size, since)
         for rows in self._walk(chunks, token, figures, needs_redis=False,
-                               total=lambda: kind.count(before=before)):
+                               total=lambda: kind.count(before=before, after=since)):
             members = {kind.member(pk): pk for pk, _ in rows}
-            dropped = self._dropped_by_consumers(kind, members, figures)
+            buried = self._open_dead_letters(kind, rows)
+            earliest = min([deadline for pk, deadline in rows if str(pk) not in buried]
+                           + ([] if earliest is None else [earliest]), default=None)
+            dropped = self._dropped_by_consumers(kind, members, figures, buried)
             if self.result.dry_run:
                 figures.would_act += len(dropped)
                 continue
@@ -271,6 +286,33 @@ class CompensationScan:
                     self._bookkeep(queue, "done_scanning", {member: pk})
                 elif earlier.get(member):
                     self._act_counted(kind, {member: pk}, figures)
+
+        self._mark_walked(kind, mark, before if earliest is None else earliest)
+
+    def _scan_mark(self, kind: Timer) -> ScanMark | None:
+        """Where this walk starts: the last scan's mark, unless a full walk is due (None: from the
+        oldest). A queue Redis lost (``full``) is walked whole: its members went with the mark."""
+        if self.full or self.from_oldest or not self.result.locked:
+            return None
+        try:
+            mark = self.queue_of(kind).housekeeping.scan_mark()
+        except QueueUnavailable:
+            return None
+        if mark is None or now_score(self.now) - mark.full_ms >= 1000 * settings.COMPENSATION_FULL_INTERVAL:
+            return None
+        return mark
+
+    def _mark_walked(self, kind: Timer, mark: ScanMark | None, start: datetime) -> None:
+        """The next scan starts at ``start``: below it this walk left only open dead letters. Not
+        after a dry run, a rebuild's walk, or a walk cut short (its end is not known to be clean)."""
+        if self.result.dry_run or self.full or not self.result.locked or self.result.lock_lost:
+            return
+        full_ms = now_score(self.now) if mark is None else mark.full_ms
+        try:
+            self.queue_of(kind).housekeeping.set_scan_mark(ScanMark(now_score(start), full_ms))
+        except QueueUnavailable as error:
+            logger.warning("compensation scan could not record where the next one starts (%s); it walks "
+                           "from the oldest", error)
 
     def _act_counted(self, kind: Timer, members: dict[str, Any], figures: ScanResult) -> None:
         """Act on these in batches of the kind's claim limit (all at once for most kinds), each
@@ -397,18 +439,23 @@ class CompensationScan:
 
         return watchdog(seconds, stuck)
 
-    def _dropped_by_consumers(self, kind: Timer, members: dict[str, Any], figures: ScanResult) -> dict[str, Any]:
-        """The overdue rows no consumer is handling: the scan's to act on.
-
-        Not an open dead letter (staff decide those). And, as far as Redis
-        tells: not waiting in pending, nor leased, since less than the grace
-        ago (a retry in backoff, a busy row put back, a batch in hand).
-        Missing from Redis, or left there that long, means no consumer will.
-        """
-        buried = set(on_primary(DeadLetter).filter(
-            order_model=kind.model._meta.label, timer=kind.name, order_id__in=[str(pk) for pk in members.values()],
+    @staticmethod
+    def _open_dead_letters(kind: Timer, rows: list[tuple[Any, datetime]]) -> set[str]:
+        """The keys, as text, of those of ``rows`` that are open dead letters: staff decide them."""
+        return set(on_primary(DeadLetter).filter(
+            order_model=kind.model._meta.label, timer=kind.name, order_id__in=[str(pk) for pk, _ in rows],
             resolved_at__isnull=True,
         ).values_list("order_id", flat=True))
+
+    def _dropped_by_consumers(self, kind: Timer, members: dict[str, Any], figures: ScanResult,
+                              buried: set[str]) -> dict[str, Any]:
+        """The overdue rows no consumer is handling: the scan's to act on.
+
+        Not an open dead letter (``buried``: staff decide those). And, as far
+        as Redis tells: not waiting in pending, nor leased, since less than the
+        grace ago (a retry in backoff, a busy row put back, a batch in hand).
+        Missing from Redis, or left there that long, means no consumer will.
+        """
         candidates = {member: pk for member, pk in members.items() if str(pk) not in buried}
         figures.left_as_dead_letters += len(members) - len(candidates)
         if not self.result.locked:

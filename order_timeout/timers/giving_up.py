@@ -12,13 +12,14 @@ from __future__ import annotations
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from django.db import router, transaction
 
 from ..conf import settings
 from ..models import DeadLetter
+from .members import datetime_of_score
 from .outcome import Key
 
 if TYPE_CHECKING:
@@ -50,8 +51,6 @@ def letters_database() -> str:
     return router.db_for_write(DeadLetter)
 
 
-def _from_ms(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
 def describe(error: BaseException) -> tuple[str, str]:
@@ -102,5 +101,5 @@ def record(kind: Timer, failures: Sequence[Failure], now: datetime) -> Burial:
             ).update(**values)
             if not updated:
                 DeadLetter.objects.create(order_model=label, order_id=str(pk), timer=kind.name,
-                                          first_failed_at=_from_ms(failure.first_failure_ms), **values)
+                                          first_failed_at=datetime_of_score(failure.first_failure_ms), **values)
     return burial

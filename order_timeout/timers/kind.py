@@ -405,9 +405,11 @@ class Timer:
 
     # -- what the scan walks ------------------------------------------------------------------
 
-    def overdue(self, before: datetime, chunk: int) -> Iterator[list[tuple[Any, datetime]]]:
-        """Rows still pending whose deadline is before ``before``, ``(pk, deadline)`` in chunks."""
-        return self.deadlines.walk(self._rows(), chunk, before=before)
+    def overdue(self, before: datetime, chunk: int, since: datetime | None = None
+                ) -> Iterator[list[tuple[Any, datetime]]]:
+        """Rows still pending whose deadline is before ``before`` (and after ``since``), ``(pk,
+        deadline)`` in chunks."""
+        return self.deadlines.walk(self._rows(), chunk, before=before, after=since)
 
     def upcoming(self, after: datetime, until: datetime | None, chunk: int) -> Iterator[list[tuple[Any, datetime]]]:
         """Rows still pending whose deadline is after ``after`` (and not after ``until``)."""

@@ -9,7 +9,7 @@ never be claimed while its row still says "not yet" and spin the consumer.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -25,6 +25,11 @@ def deadline_score(deadline: datetime) -> int:
     delta = deadline - _EPOCH
     micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
     return -(-micros // 1000)
+
+
+def datetime_of_score(ms: int) -> datetime:
+    """The moment a score names (milliseconds since the epoch), aware, in UTC: exact, no float."""
+    return _EPOCH + timedelta(milliseconds=ms)
 
 
 def now_score(now: datetime) -> int:

@@ -179,7 +179,8 @@ class Reminders(OnOrderModel):
 
     # -- what the scan walks: reminders of orders whose deadline is still ahead ---------------
 
-    def overdue(self, before: datetime, chunk: int) -> Iterator[list[tuple[Any, datetime]]]:
+    def overdue(self, before: datetime, chunk: int, since: datetime | None = None
+                ) -> Iterator[list[tuple[Any, datetime]]]:
         return iter(())  # past its deadline a reminder is moot; the close scan closes the order
 
     def upcoming(self, after: datetime, until: datetime | None, chunk: int) -> Iterator[list[tuple[Any, datetime]]]:
