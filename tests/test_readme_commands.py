@@ -23,19 +23,10 @@ import pytest
 from order_timeout.models import Order
 from testproject.demo import stop
 
-from .conftest import PROJECT_ROOT, wait_for
+from .conftest import wait_for
+from .readme import README, readme_command, readme_commands, readme_python_blocks
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-README = (PROJECT_ROOT / "README.md").read_text()
-
-
-def readme_command(pattern: str) -> list[str]:
-    """The one indented command line of the README that matches ``pattern``, as arguments."""
-    found = [line.strip() for line in README.splitlines()
-             if line.startswith("    ") and re.search(pattern, line)]
-    assert len(found) == 1, f"README commands matching {pattern!r}: {found}"
-    return shlex.split(found[0].split("#")[0])
 
 
 def manage_arguments(command: list[str]) -> list[str]:
@@ -69,21 +60,7 @@ def test_the_metrics_command_serves_on_its_default_address(consumer_process, mak
     assert alive, worker.proc.stderr.read() if worker.proc.stderr else ""
 
 
-# -- a new project, as the README builds it ------------------------------------------------
-
-
-def readme_python_blocks() -> dict[str, str]:
-    """The README's fenced Python blocks, by their first line (a ``# where it goes`` comment)."""
-    blocks = re.findall(r"```python\n(.*?)```", README, flags=re.S)
-    return {block.splitlines()[0]: block for block in blocks}
-
-
-def readme_commands(section: str) -> list[str]:
-    """The indented command lines of one README section (``## section``, up to its first
-    subsection), comments dropped."""
-    text = re.split(r"\n#{2,3} ", README.split(f"## {section}\n", 1)[1], maxsplit=1)[0]
-    return [line.strip().split("  #")[0].strip() for line in text.splitlines()
-            if re.match(r"    (python|celery|pip) ", line)]
+# -- a new project, as the README builds it (scripts/release-check does the same from the wheel)
 
 
 class Project:

@@ -1,0 +1,35 @@
+"""The README's code and commands, read from README.md itself: one reader for the tests that
+paste them into a new project and for CI's release stage (scripts/release-check), which pastes
+them beside the installed wheel. Standard library only, so CI can read the README with no
+Django set up."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+README_PATH = Path(__file__).resolve().parent.parent / "README.md"
+README = README_PATH.read_text()
+
+
+def readme_command(pattern: str, readme: str = README) -> list[str]:
+    """The one indented command line of the README that matches ``pattern``, as arguments."""
+    found = [line.strip() for line in readme.splitlines()
+             if line.startswith("    ") and re.search(pattern, line)]
+    assert len(found) == 1, f"README commands matching {pattern!r}: {found}"
+    return shlex.split(found[0].split("#")[0])
+
+
+def readme_python_blocks(readme: str = README) -> dict[str, str]:
+    """The README's fenced Python blocks, by their first line (a ``# where it goes`` comment)."""
+    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    return {block.splitlines()[0]: block for block in blocks}
+
+
+def readme_commands(section: str, readme: str = README) -> list[str]:
+    """The indented command lines of one README section (``## section``, up to its first
+    subsection), comments dropped."""
+    text = re.split(r"\n#{2,3} ", readme.split(f"## {section}\n", 1)[1], maxsplit=1)[0]
+    return [line.strip().split("  #")[0].strip() for line in text.splitlines()
+            if re.match(r"    (python|celery|pip) ", line)]
