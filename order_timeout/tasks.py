@@ -8,14 +8,20 @@ from celery import shared_task
 
 from .conf import settings
 from .scans.compensation import compensate as run_compensation
+from .scans.pruning import prune_if_due
 
 
 @shared_task(name="order_timeout.tasks.compensate")
 def compensate(rebuild: bool | None = None) -> dict[str, Any]:
-    """Heal what Redis lost; returns counts.
+    """Heal what Redis lost, then prune what the app no longer needs; returns counts.
 
     By default (the beat entry): put back the members missing from Redis that
-    fall due before the next scan, then close what is overdue and dropped.
+    fall due before the next scan, then close what is overdue and dropped, then,
+    once per ``PRUNE_INTERVAL``, delete the rows past their retention (``prune``
+    in the result, None when it was not its turn). The prune rides the scan's
+    entry so that every shop running the scan prunes, with no beat entry to add;
+    it runs after the scan, so it never delays a close, and stops after half of
+    ``COMPENSATION_INTERVAL`` (the next beat goes on with it).
     ``rebuild=True``: put back every missing future deadline only.
     ``rebuild=False``: close what is overdue only.
 
@@ -23,6 +29,8 @@ def compensate(rebuild: bool | None = None) -> dict[str, Any]:
     task class (a shared task: it takes the ``task_cls`` of whichever app runs it).
     """
     with settings.task_context():
-        if rebuild is None:
-            return run_compensation(heal=True).as_dict()
-        return run_compensation(rebuild=rebuild).as_dict()
+        if rebuild is not None:
+            return {**run_compensation(rebuild=rebuild).as_dict(), "prune": None}
+        scan = run_compensation(heal=True).as_dict()
+        pruned = prune_if_due(budget=settings.COMPENSATION_INTERVAL / 2)
+        return {**scan, "prune": None if pruned is None else pruned.as_dict()}
