@@ -7,7 +7,10 @@ every run would grow with them for ever.
 
 from __future__ import annotations
 
+import io
+
 import pytest
+from django.core.management import call_command
 from django.db.models import Q
 
 from order_timeout.models import DeadLetter, Order
@@ -117,3 +120,12 @@ def test_the_scan_walks_from_the_oldest_when_asked(dead_letters, clock):
     again = compensate(now=clock.advance(300), from_oldest=True)
 
     assert (again.examined, again.left_as_dead_letters) == (3, 3)
+
+
+def test_the_command_walks_from_the_oldest_when_asked(dead_letters, clock):
+    compensate(now=clock())
+    out = io.StringIO()
+
+    call_command("order_timeout_compensate", "--from-oldest", stdout=out)
+
+    assert "3 overdue unpaid orders found, 0 closed" in out.getvalue()

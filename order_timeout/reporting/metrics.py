@@ -26,9 +26,9 @@ logger = logging.getLogger("order_timeout")
 
 try:
     from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 except ImportError:  # pragma: no cover - exercised without the extra
-    CollectorRegistry = Counter = Histogram = GaugeMetricFamily = start_http_server = None  # type: ignore[assignment,misc]
+    CollectorRegistry = Counter = Histogram = GaugeMetricFamily = CounterMetricFamily = start_http_server = None  # type: ignore[assignment,misc]
 
 AVAILABLE = Counter is not None
 
@@ -231,8 +231,34 @@ class BacklogCollector:
                 "order_timeout_drift",
                 "Unpaid orders with a deadline the last beat run found missing from Redis.",
                 value=drift)
+        yield from self._storage()
         if self.own_connections:
             close_old_connections()
+
+    @staticmethod
+    def _storage() -> Iterator[Any]:
+        """The app's tables (the database's estimates) and what the prune deleted from them."""
+        from .storage import measure_storage
+
+        storage = measure_storage()
+        rows = GaugeMetricFamily("order_timeout_table_rows", "Rows in an app table (the database's estimate).",
+                                 labels=["table"])
+        size = GaugeMetricFamily("order_timeout_table_bytes", "Bytes of an app table, its data and indexes.",
+                                 labels=["table"])
+        pruned = CounterMetricFamily("order_timeout_pruned_rows", "Rows the prune deleted past their retention.",
+                                     labels=["table"])
+        for name, table in storage.tables.items():
+            if table.rows is not None:
+                rows.add_metric([name], table.rows)
+            if table.bytes is not None:
+                size.add_metric([name], table.bytes)
+            if table.pruned:
+                pruned.add_metric([name], table.deleted_total)
+        yield from (rows, size, pruned)
+        if storage.last_prune_at is not None:
+            yield GaugeMetricFamily("order_timeout_last_prune_timestamp_seconds",
+                                    "When the last prune ended (Unix time).",
+                                    value=storage.last_prune_at.timestamp())
 
 
     @staticmethod

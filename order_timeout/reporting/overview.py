@@ -22,6 +22,7 @@ from ..conf import settings
 from ..models import TIMEOUT_REASON, TimeoutOrderMixin
 from ..ordermodel import get_order_model
 from .health import Health, measure
+from .storage import Storage, measure_storage
 
 # How far back the chart looks, and how many closes it reads at most.
 WINDOW = timedelta(hours=1)
@@ -45,6 +46,8 @@ class Overview:
     minutes: list[MinuteOfCloses] = field(default_factory=list)
     # False when ORDER_MODEL is None: the page shows the timers only.
     closes_orders: bool = True
+    # The app's tables and what the prune took from them.
+    storage: Storage | None = None
 
     @property
     def closes(self) -> int:
@@ -65,7 +68,7 @@ def overview(now: datetime | None = None, model: type[TimeoutOrderMixin] | None 
     except OrderTimeoutError as exc:
         health, drift, error = None, None, str(exc)
     return Overview(health=health, error=error, drift=drift, closes_orders=closes_orders,
-                    minutes=recent_lateness(model, now) if model is not None else [])
+                    minutes=recent_lateness(model, now) if model is not None else [], storage=measure_storage())
 
 
 def recent_lateness(model: type[TimeoutOrderMixin], now: datetime) -> list[MinuteOfCloses]:

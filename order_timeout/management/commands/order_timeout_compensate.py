@@ -21,12 +21,15 @@ class Command(BaseCommand):
                             help="Refill Redis from the database after it lost its data.")
         parser.add_argument("--dry-run", action="store_true",
                             help="Count what would be done; change nothing.")
+        parser.add_argument("--from-oldest", action="store_true",
+                            help="Read every overdue row from the oldest, open dead letters included, not "
+                                 "from where the last scan left only those (as every COMPENSATION_FULL_INTERVAL).")
 
     def handle(self, *args: Any, **options: Any) -> None:
         with terminal_progress(self.stdout) as progress:
             try:
                 result = compensate(rebuild=options["rebuild"], dry_run=options["dry_run"],
-                                    progress=progress, exit_when_stuck=True)
+                                    from_oldest=options["from_oldest"], progress=progress, exit_when_stuck=True)
             except OrderTimeoutError as exc:
                 raise CommandError(str(exc)) from exc
         self.stdout.write(self._summary(result))

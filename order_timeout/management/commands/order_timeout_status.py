@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from order_timeout.exceptions import OrderTimeoutError
 from order_timeout.reporting.health import Health, measure
+from order_timeout.reporting.storage import Storage, TableStorage, measure_storage
 
 # Exit status when a threshold is crossed (1 is any other error).
 THRESHOLD_CROSSED = 2
@@ -105,7 +106,7 @@ class Command(BaseCommand):
             health = measure(drift=not options["no_drift"])
         except OrderTimeoutError as exc:
             raise CommandError(f"Cannot read the queue: {exc}") from exc
-        self._print(health, as_json=options["json"])
+        self._print(health, measure_storage(), as_json=options["json"])
         # Every kind is held to the same thresholds: the order close, and each declared timer.
         kinds: list[tuple[str, Any]] = [*([("", health)] if health.closes_orders else []),
                                         *((f"timer {name}: ", figures) for name, figures in health.timers.items())]
@@ -121,10 +122,10 @@ class Command(BaseCommand):
         if crossed:
             raise CommandError("; ".join(crossed), returncode=THRESHOLD_CROSSED)
 
-    def _print(self, health: Health, *, as_json: bool) -> None:
+    def _print(self, health: Health, storage: Storage, *, as_json: bool) -> None:
         figures = health.as_dict()
         if as_json:
-            self.stdout.write(json.dumps(figures))
+            self.stdout.write(json.dumps({**figures, "storage": storage.as_dict()}))
             return
         timers = figures.pop("timers")
         if not figures.pop("closes_orders"):
@@ -139,3 +140,41 @@ class Command(BaseCommand):
             for key, value in own.items():
                 shown = "not counted (--no-drift)" if value is None else value
                 self.stdout.write(f"  {key.replace('_', ' '):<{width}}  {shown}")
+        self._print_storage(storage)
+
+    def _print_storage(self, storage: Storage) -> None:
+        """The app's tables: estimated rows, size, how long their rows are kept, what the prune took."""
+        self.stdout.write("\nstorage (the database's estimates)")
+        for name, table in storage.tables.items():
+            rows = "?" if table.rows is None else f"{table.rows:,}"
+            self.stdout.write(f"  {name.replace('_', ' '):<14} {rows:>12} rows  {_size(table.bytes):>9}  "
+                              f"{_kept(name, table)}")
+        if storage.last_prune_at is None:
+            self.stdout.write("  last prune      none recorded")
+            return
+        deleted = ", ".join(f"{table.deleted_last:,} {name.replace('_', ' ')}"
+                            for name, table in storage.tables.items() if table.pruned)
+        self.stdout.write(f"  last prune      {storage.last_prune_at:%Y-%m-%d %H:%M:%S} UTC: deleted {deleted}")
+
+
+def _size(size: int | None) -> str:
+    if size is None:
+        return "?"
+    for unit in ("B", "kB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:,.0f} {unit}" if unit == "B" else f"{size:,.1f} {unit}"
+        size /= 1000  # type: ignore[assignment]
+    return f"{size} TB"  # pragma: no cover
+
+
+# Why a table the prune leaves alone stays bounded.
+NOT_PRUNED = {"deadlines": "not pruned: a row goes when its timer is done with it",
+              "queue_epochs": "not pruned: one row per queue"}
+
+
+def _kept(name: str, table: TableStorage) -> str:
+    if not table.pruned:
+        return NOT_PRUNED.get(name, "not pruned")
+    if table.retention_seconds is None:
+        return "kept for ever (retention None)"
+    return f"kept {table.retention_seconds / 86400:g} days once done, {table.deleted_total:,} pruned so far"
