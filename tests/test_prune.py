@@ -231,3 +231,20 @@ def test_the_prune_command_says_what_it_deleted_and_draws_its_progress_on_a_term
     assert "Deleted 0 notices, 3 reminder records and 1 resolved dead letter" in terminal.getvalue()
     assert frames(terminal.getvalue())[-1].endswith(" 4/4")
     assert (Reminder.objects.count(), DeadLetter.objects.count()) == (0, 0)
+
+
+def test_members_quarantined_longer_ago_than_the_dead_letter_retention_go_too(retention, redis_client):
+    """A member that names no row waits in its shard's quarantine for a person, as a dead letter
+    does: it goes as long after it was moved there as a resolved dead letter."""
+    queue = TimeoutQueue.from_settings()
+    quarantine = queue.shard_for("x").keys.quarantine
+    now_ms = int(timezone.now().timestamp() * 1000)
+    redis_client.zadd(quarantine, {b"\xff-not-text": now_ms - 2 * DAY * 1000, b"abc": now_ms - 60_000})
+    remind_quarantine = queue.of_kind("remind").shard_for("y").keys.quarantine
+    redis_client.zadd(remind_quarantine, {b"old:1:x": now_ms - 2 * DAY * 1000})
+
+    result = prune()
+
+    assert result.quarantine_trimmed == 2
+    assert redis_client.zrange(quarantine, 0, -1) == [b"abc"]
+    assert redis_client.zcard(remind_quarantine) == 0

@@ -564,6 +564,12 @@ class TimeoutQueue:
                           self.client.zrange(shard.keys.quarantine, 0, limit - 1, desc=True, withscores=True)]
         return [member for _score_ms, member in sorted(found, reverse=True)[:limit]]
 
+    def trim_quarantine(self, before_ms: int) -> int:
+        """Delete what was moved into the quarantine before ``before_ms``: how many went."""
+        with redis_errors("trim the quarantine"):
+            return sum(int(self.client.zremrangebyscore(shard.keys.quarantine, "-inf", f"({before_ms}"))
+                       for shard in self.shards)
+
     def hand_over(self, token: str, members: Iterable[str], now_ms: int) -> int:
         """Let the leases this claim holds run out now: the next claims take them over.
 

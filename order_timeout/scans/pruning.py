@@ -5,7 +5,9 @@ What it deletes, and from when each age counts (``ORDER_TIMEOUT``; None keeps th
 - notices delivered (``NOTICE_RETENTION`` from their delivery) or dropped (from when they were due);
 - reminder records (``REMINDER_RETENTION`` from the deadline they were for: past it no reminder is
   ever sent, so the record guards nothing);
-- dead letters staff resolved (``DEAD_LETTER_RETENTION`` from their resolution).
+- dead letters staff resolved (``DEAD_LETTER_RETENTION`` from their resolution), and, in Redis,
+  the members a claim moved into a quarantine because they name no row (as long after they were
+  moved: they are for a person to look at, as dead letters are).
 
 Never a pending notice, nor an open dead letter: those wait for a consumer or for staff. The ages
 are measured by the database's clock, the one that judges a reminder's deadline.
@@ -37,7 +39,9 @@ from ..db.session import database_now
 from ..exceptions import QueueUnavailable
 from ..models import DeadLetter, Notice, Reminder
 from ..queue import TimeoutQueue
+from ..queue.keys import CLOSE, NOTICE, REMIND
 from ..timers.members import now_score
+from ..timers.registry import registry
 
 logger = logging.getLogger("order_timeout")
 
@@ -87,6 +91,8 @@ class PruneResult:
     dry_run: bool = False
     # Rows deleted (or, with dry_run, that would be), by table.
     deleted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(tables(), 0))
+    # Members deleted from the queues' quarantines (None: Redis could not be reached).
+    quarantine_trimmed: int | None = 0
     # False when it stopped at its time budget with rows left: the next run goes on.
     complete: bool = True
     elapsed_ms: float = 0.0
@@ -129,6 +135,8 @@ class Prune:
                 break
         if self.dry_run and self.progress:
             self.progress(total, total)
+        if not self.dry_run and self.result.complete:
+            self.result.quarantine_trimmed = self._trim_quarantines()
         self.result.elapsed_ms = round((time.monotonic() - started) * 1000, 1)
         self._report()
         return self.result
@@ -153,11 +161,27 @@ class Prune:
             if len(keys) < self.chunk_size:
                 return
 
+    @staticmethod
+    def _trim_quarantines() -> int | None:
+        age = settings.DEAD_LETTER_RETENTION
+        if age is None:
+            return 0
+        before_ms = now_score(timezone.now()) - round(1000 * age)
+        try:
+            queue = TimeoutQueue.from_settings()
+            # Every queue the app has, whether configured now or not (reminders turned off leave theirs).
+            spaces = dict.fromkeys([CLOSE, REMIND, NOTICE, *(kind.key_space for kind in registry.declared())])
+            return sum(queue.of_kind(space).trim_quarantine(before_ms) for space in spaces)
+        except QueueUnavailable as error:
+            logger.warning("prune could not trim the quarantine (%s); the next prune does", error)
+            return None
+
     def _report(self) -> None:
         deleted = self.result.deleted
         verb = "would delete" if self.dry_run else "deleted"
-        logger.info("prune %s " + " ".join(f"{table}=%d" for table in deleted) + " complete=%s elapsed_ms=%s",
-                    verb, *deleted.values(), self.result.complete, self.result.elapsed_ms,
+        logger.info("prune %s " + " ".join(f"{table}=%d" for table in deleted)
+                    + " quarantine=%s complete=%s elapsed_ms=%s", verb, *deleted.values(),
+                    self.result.quarantine_trimmed, self.result.complete, self.result.elapsed_ms,
                     extra={"prune": self.result.as_dict()})
         if self.dry_run:
             return
