@@ -30,8 +30,9 @@ from .checks import close_field_messages
 from .conf import MAX_BATCH_SIZE, settings
 from .db import datetimes
 from .db.locks import validate_conditions
+from .db.schema import named, unapplied_migrations
 from .exceptions import QueueUnavailable
-from .models import TimeoutOrderMixin
+from .models import DeadLetter, TimeoutOrderMixin
 from .queue import SLICE, Claim, Lanes, TimeoutQueue
 from .queue.lanes import ShardRota
 from .queue.shards import Shard
@@ -54,6 +55,9 @@ logger = logging.getLogger("order_timeout")
 # After a Redis or database error: wait this long, doubling up to the cap.
 ERROR_BACKOFF_FIRST = 0.5
 ERROR_BACKOFF_MAX = 30.0
+# Started before ``manage.py migrate``: ask again this often, and say so again this often.
+MIGRATIONS_RECHECK = 1.0
+MIGRATIONS_REMINDER = 60.0
 
 
 class Totals:
@@ -368,6 +372,8 @@ class Consumer:
                                               time_limit=self.batch_time_limit)
         abandoning = False
         try:
+            if not once:
+                self._wait_for_migrations()
             if self.clock.follow_database:
                 try:
                     self.sync_clock()
@@ -394,6 +400,30 @@ class Consumer:
             if self._listener is not None:
                 self._listener.close()
                 self._listener = None
+
+    def _wait_for_migrations(self) -> None:
+        """Started before ``manage.py migrate`` (a rolling upgrade): say which of the app's migrations
+        the database lacks, once (and again every MIGRATIONS_REMINDER), and wait until they are
+        applied, rather than fail on a missing table in every loop."""
+        said_at: float | None = None
+        while not self.stopping:
+            try:
+                missing = unapplied_migrations(router.db_for_write(DeadLetter))
+            except DatabaseError as exc:
+                logger.warning("Could not ask the database which migrations are applied (%s); going on.", exc)
+                return
+            finally:
+                close_old_connections()
+            if not missing:
+                if said_at is not None:
+                    logger.info("The migrations are applied: starting.")
+                return
+            if said_at is None or time.monotonic() - said_at >= MIGRATIONS_REMINDER:
+                logger.warning("Migrations not applied yet: %s. Run manage.py migrate: this consumer waits "
+                               "for it before closing anything (asking every %.0fs).", named(missing),
+                               MIGRATIONS_RECHECK)
+                said_at = time.monotonic()
+            self._stop.wait(MIGRATIONS_RECHECK)
 
     def _wall_ms(self) -> int:
         """This host's time corrected to the database's, never a test's stepped clock: the time every
