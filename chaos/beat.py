@@ -36,6 +36,9 @@ class Scan:
 class Beat:
     """A thread that ticks every ``interval`` seconds; each tick runs in a thread of its own."""
 
+    # What each tick runs: the scan's management command (the soak runs the beat's Celery task).
+    command = "order_timeout_compensate"
+
     def __init__(self, interval: float, env: dict[str, str], logs: Path, *, rebuild: bool) -> None:
         self.interval = interval
         self.env = env
@@ -116,13 +119,13 @@ class Beat:
         with self._lock:  # stop() sets the flag, then kills under this lock: no scan escapes it
             if self._stopping.is_set():
                 return None
-            proc = spawn(["order_timeout_compensate", *options], self.env, self.logs / "scans.log")
+            proc = spawn([self.command, *options], self.env, self.logs / "scans.log")
             self._running.add(proc)
         status = proc.wait()
         with self._lock:
             self._running.discard(proc)
         if status == -signal.SIGKILL and self._stopping.is_set():
             return None
-        self.scans.append(Scan(" ".join(["compensate", *options]), proc.pid, began, datetime.now(UTC),
-                               status))
+        self.scans.append(Scan(" ".join([self.command.removeprefix("order_timeout_"), *options]), proc.pid,
+                               began, datetime.now(UTC), status))
         return status

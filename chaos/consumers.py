@@ -147,13 +147,16 @@ class ConsumerPool:
                 slot.proc.kill()
                 self.kills += 1
 
-    def kill_pid(self, pid: int) -> bool:
-        """SIGKILL this live consumer (one the scenario caught in the act); whether it was one of ours."""
+    def kill_pid(self, pid: int, signum: int = signal.SIGKILL) -> bool:
+        """SIGKILL this live consumer (one the scenario caught in the act); whether it was one of ours.
+
+        ``signum``: another signal whose exit the supervisor expects (the soak's SIGTERM, a deploy's
+        stop: the consumer finishes its batch and exits, and is started again)."""
         with self._lock:
             for slot in self._running():
                 if slot.proc.pid == pid:
                     slot.doomed = True
-                    slot.proc.kill()
+                    slot.proc.send_signal(signum)
                     self.kills += 1
                     return True
         return False

@@ -136,6 +136,12 @@ def _count(sql: str, params: list[Any] | None = None) -> int:
     return int(_rows(sql, params or [])[0][0] or 0)
 
 
+def _as_integer(expression: str) -> str:
+    """SQL reading a text column as an integer, in the database's words: ``global_checks`` also
+    judges the soak (chaos.soak), which runs on PostgreSQL too."""
+    return f"CAST({expression} AS {'BIGINT' if connection.vendor == 'postgresql' else 'SIGNED'})"
+
+
 # -- per cohort ---------------------------------------------------------------------
 
 
@@ -259,7 +265,7 @@ def global_checks(t: Tables) -> list[Check]:
         f"WHERE p.outcome = %s AND (o.{t.pk} IS NULL OR o.{t.status} <> %s)",
         [Payment.Outcome.REFUND, t.closed])
     letters_of_settled = _count(
-        f"SELECT COUNT(*) FROM {t.dead} l JOIN {t.orders} o ON o.{t.pk} = CAST(l.order_id AS SIGNED) "
+        f"SELECT COUNT(*) FROM {t.dead} l JOIN {t.orders} o ON o.{t.pk} = {_as_integer('l.order_id')} "
         f"WHERE l.order_model = %s AND l.resolved_at IS NULL AND o.{t.status} NOT IN {t.unpaid_in}",
         [t.label, *t.unpaid])
     return [

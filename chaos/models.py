@@ -9,6 +9,8 @@ and the test shop's ``ShopOrder`` both have one), stored as integers so that
 the invariants can join them to the orders table on an index.
 """
 
+from typing import Any
+
 from django.db import models
 from django.db.models import DateTimeField, Func
 
@@ -18,6 +20,10 @@ class DatabaseUtcNow(Func):
 
     template = "UTC_TIMESTAMP(6)"
     output_field = DateTimeField()
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra_context: Any) -> Any:
+        """PostgreSQL's clock as it reads now (not now(): the transaction's start), for the soak."""
+        return self.as_sql(compiler, connection, template="clock_timestamp()", **extra_context)
 
 
 class Delivery(models.Model):

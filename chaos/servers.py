@@ -134,6 +134,92 @@ class PrivateMariaDB(Server):
             connection.close()
 
 
+class PrivatePostgreSQL(Server):
+    """PostgreSQL (the newest Debian installs under /usr/lib/postgresql), for the soak on that database.
+
+    PostgreSQL refuses to run as root: as root, initdb and the server run as the ``postgres``
+    user, started directly (``Popen(user=...)``, no ``runuser`` between), so the process the
+    harness holds and kills is the server itself. That user must reach its data directory: the
+    directories above it that lack it get the search bit for others (o+x: no listing, no
+    reading). The superuser ``postgres`` logs in over TCP on loopback without a password (trust).
+    """
+
+    name = "postgresql"
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.datadir = directory / "data"
+        versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"),
+                          key=lambda path: int(path.parent.parent.name) if path.parent.parent.name.isdigit() else 0)
+        self.bin = versions[-1].parent if versions else Path("/usr/lib/postgresql/15/bin")
+
+    @property
+    def url(self) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/{DATABASE_NAME}"
+
+    def _as_owner(self) -> dict[str, Any]:
+        """Popen's keywords that run a process as the postgres user when the harness is root."""
+        return {"user": "postgres", "group": "postgres"} if os.geteuid() == 0 else {}
+
+    def install(self) -> None:
+        """A fresh cluster (about 2 s): initdb into an empty data directory the server's user owns."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            shutil.chown(self.directory, "postgres", "postgres")
+            for parent in self.directory.resolve().parents:
+                mode = parent.stat().st_mode
+                if mode & 0o001:
+                    break
+                parent.chmod(mode | 0o001)
+        with (self.directory / "install.out").open("wb") as log:
+            subprocess.run([str(self.bin / "initdb"), "-D", str(self.datadir), "-U", "postgres", "--auth=trust",
+                            "-E", "UTF8", "--no-locale", "--no-sync"],
+                           stdout=log, stderr=subprocess.STDOUT, check=True, **self._as_owner())
+
+    def start(self, timeout: float = 90) -> None:
+        """Start on the data directory as it is (after a kill -9: WAL recovery) and wait."""
+        log = (self.directory / f"{self.name}.out").open("ab")
+        self.proc = subprocess.Popen(
+            [str(self.bin / "postgres"), "-D", str(self.datadir), "-p", str(self.port),
+             "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.directory}",
+             "-c", "max_connections=500", "-c", "shared_buffers=256MB"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, **self._as_owner())
+        log.close()
+        _wait_for(self.answers, "PostgreSQL", timeout, self.proc)
+
+    def kill(self) -> None:
+        """An immediate shutdown (SIGQUIT: no checkpoint, WAL recovery at the next start, as after a
+        crash, but the backends and the shared memory go with it); after 10 s, SIGKILL to the
+        server's whole process group. Then reap."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGCONT)
+            os.kill(self.proc.pid, signal.SIGQUIT)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        super().kill()
+
+    def answers(self) -> bool:
+        import psycopg
+
+        try:
+            psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="postgres",
+                            connect_timeout=1).close()
+        except psycopg.Error:
+            return False
+        return True
+
+    def create_database(self) -> None:
+        import psycopg
+
+        with psycopg.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="postgres",
+                             autocommit=True) as connection:
+            exists = connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DATABASE_NAME]).fetchone()
+            if not exists:
+                connection.execute(f"CREATE DATABASE {DATABASE_NAME}")
+
+
 class PrivateRedis(Server):
     name = "redis"
 
@@ -271,7 +357,8 @@ class PrivateRedisCluster:
 
 @dataclass
 class Servers:
-    mariadb: PrivateMariaDB
+    # The database: MariaDB for the fault runs; MariaDB or PostgreSQL for the soak (chaos.soak).
+    mariadb: PrivateMariaDB | PrivatePostgreSQL
     # The queue's Redis, which the scenarios fault: a standalone server or a cluster.
     redis: PrivateRedis | PrivateRedisCluster
     # With a cluster for the queue, the shop's cache (django-redis, one server) has its own,

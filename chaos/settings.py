@@ -31,6 +31,9 @@ ORDER_TIMEOUT["REDIS_ALIAS"] = "order_timeout"
 
 # The keys the test project does not read itself.
 for _key in ("RETRY_DELAYS", "MAX_TAKEOVERS", "BATCH_SIZE", "MAX_WAIT", "SCHEDULE_TIMEOUT",
-             "COMPENSATION_LOCK_SECONDS", "COMPENSATION_CHUNK", "HOLD_RECHECK", "MAX_HOLD"):
+             "COMPENSATION_LOCK_SECONDS", "COMPENSATION_CHUNK", "HOLD_RECHECK", "MAX_HOLD",
+             # The soak's short ages (chaos.soak): the scan's full walk, the retentions and the prune.
+             "COMPENSATION_FULL_INTERVAL", "NOTICE_RETENTION", "REMINDER_RETENTION", "DEAD_LETTER_RETENTION",
+             "PRUNE_INTERVAL", "PRUNE_CHUNK"):
     if f"ORDER_TIMEOUT_{_key}" in os.environ:
         ORDER_TIMEOUT[_key] = json.loads(os.environ[f"ORDER_TIMEOUT_{_key}"])
