@@ -144,6 +144,12 @@ def run_scenario(scenario: Any, lab: Any, *, quick: bool) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    if any(arg == "--soak" or arg.startswith("--soak=") for arg in argv):
+        # Not a fault run: a steady stream for a given time, on MariaDB or PostgreSQL (chaos.soak).
+        from .soak.run import main as soak
+
+        return soak(argv)
+
     import django
 
     from .servers import PrivateMariaDB, PrivateRedis, PrivateRedisCluster, Servers, child_environment
