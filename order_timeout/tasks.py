@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import shared_task
+from django.db import router
 
 from .conf import settings
+from .db.schema import named, unapplied_migrations
+from .models import DeadLetter
 from .scans.compensation import compensate as run_compensation
 from .scans.pruning import prune_if_due
 
@@ -29,6 +33,11 @@ def compensate(rebuild: bool | None = None) -> dict[str, Any]:
     task class (a shared task: it takes the ``task_cls`` of whichever app runs it).
     """
     with settings.task_context():
+        # A worker started before ``manage.py migrate`` (a rolling upgrade): one line, no run.
+        if missing := unapplied_migrations(router.db_for_write(DeadLetter)):
+            logging.getLogger("order_timeout").warning(
+                "Compensation scan skipped: migrations not applied yet: %s. Run manage.py migrate.", named(missing))
+            return {"skipped": True, "unapplied_migrations": missing, "prune": None}
         if rebuild is not None:
             return {**run_compensation(rebuild=rebuild).as_dict(), "prune": None}
         scan = run_compensation(heal=True).as_dict()
