@@ -292,18 +292,20 @@ class ConsumerProcess:
     """``manage.py run_timeout_consumer`` in its own process, on the test database.
 
     Its output is read as it comes, into ``out`` and ``err`` (a pipe left
-    full would stall a chatty consumer mid-test).
+    full would stall a chatty consumer mid-test). ``command`` runs something else
+    the same way, ``args`` after it (another release's consumer, a shop's process), from ``cwd``.
     """
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None, command: list[str] | None = None,
+                 cwd: Path = PROJECT_ROOT) -> None:
         # Unbuffered: a test waits on its lines (its banner) as they are written.
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "DATABASE_URL": database_url(),
                     "ORDER_TIMEOUT_ORDER_MODEL": order_settings.ORDER_MODEL,
                     "ORDER_TIMEOUT_REDIS_ALIAS": order_settings.REDIS_ALIAS,
                     "ORDER_TIMEOUT_SHARDS": str(order_settings.SHARDS), **(env or {})}
         self.proc = subprocess.Popen(
-            [sys.executable, str(PROJECT_ROOT / "manage.py"), "run_timeout_consumer", *args],
-            cwd=PROJECT_ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            [*(command or [sys.executable, str(PROJECT_ROOT / "manage.py"), "run_timeout_consumer"]), *args],
+            cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True,
         )
         self._out: list[str] = []
@@ -358,8 +360,8 @@ class ConsumerProcess:
 def consumer_process() -> Iterator[Callable[..., ConsumerProcess]]:
     started: list[ConsumerProcess] = []
 
-    def start(*args: str, env: dict[str, str] | None = None) -> ConsumerProcess:
-        process = ConsumerProcess(*args, env=env)
+    def start(*args: str, **options: Any) -> ConsumerProcess:
+        process = ConsumerProcess(*args, **options)
         started.append(process)
         return process
 
