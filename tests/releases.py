@@ -16,6 +16,7 @@ import io
 import json
 import os
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -26,10 +27,9 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from packaging.requirements import Requirement
-from packaging.version import Version
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-RELEASES = PROJECT_ROOT / "releases.toml"
+LAST_RELEASE = PROJECT_ROOT / "scripts" / "last-release"
 # The extras a shop on MariaDB or PostgreSQL installs, and what the release's test project reads.
 EXTRAS = ("mysql", "postgresql")
 TEST_PROJECT_NEEDS = ("dj-database-url",)
@@ -75,20 +75,11 @@ def git(*args: str) -> str:
                           text=True).stdout
 
 
-def project_version() -> Version:
-    with open(PROJECT_ROOT / "pyproject.toml", "rb") as file:
-        return Version(tomllib.load(file)["project"]["version"])
-
-
 def previous_release() -> Release:
-    """The newest release ``releases.toml`` lists below the version in ``pyproject.toml``."""
-    with open(RELEASES, "rb") as file:
-        listed = tomllib.load(file)["releases"]
-    older = sorted((Version(name), name) for name in listed if Version(name) < project_version())
-    if not older:
-        raise LookupError(f"releases.toml lists no release older than {project_version()}")
-    name = older[-1][1]
-    return Release(name, listed[name])
+    """The newest release ``releases.toml`` lists below the version in ``pyproject.toml``: what
+    ``scripts/last-release`` names for CI's comparisons, read by its own code."""
+    version, commit = runpy.run_path(str(LAST_RELEASE))["last_release"](PROJECT_ROOT)
+    return Release(str(version), commit)
 
 
 def requirements(release: Release) -> list[str]:
