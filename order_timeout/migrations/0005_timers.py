@@ -13,7 +13,8 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='deadletter',
             name='timer',
-            field=models.CharField(blank=True, default='', max_length=64, verbose_name='timer'),
+            # db_default: a 0.2 consumer still running writes its dead letters without this column.
+            field=models.CharField(blank=True, db_default='', default='', max_length=64, verbose_name='timer'),
         ),
         migrations.CreateModel(
             name='Deadline',
