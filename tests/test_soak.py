@@ -123,3 +123,10 @@ def test_a_tiny_soak_reports_every_table_pattern_and_consumer_and_a_broken_invar
         assert heading in report
     assert "**FAILED** (1 of" in report and "no delivery committed twice" in report
     assert (out / "logs").is_dir()  # a failed soak keeps its processes' logs
+
+    # docs/benchmarks.md's tables are printed from two runs' results by this command.
+    side_by_side = subprocess.run([sys.executable, "-m", "chaos.soak.side_by_side", str(out / "results.json"),
+                                   str(out / "results.json")], cwd=ROOT, capture_output=True, text=True, check=True)
+    for heading in ("#### Tables", "#### Redis key patterns", "#### Servers and consumer 0", "#### Targets"):
+        assert heading in side_by_side.stdout
+    assert all(f"`{table}`" in side_by_side.stdout for table in tables)

@@ -134,7 +134,8 @@ def time_table(samples: list[dict[str, Any]], reference: float) -> list[str]:
             previous[slot] = process["pid"]
             cells.append(f"{process['rss_kb'] / 1024:.1f} MB{restarted}")
         harness = f"{sample['harness_rss_kb'] / 1024:.1f} MB" if sample["harness_rss_kb"] else "–"
-        lines.append(f"| {sample['at'] / 60:.1f} min | {sample['orders']:,} | " + " | ".join(cells)
+        settled = " (the stream over)" if sample["phase"] != "stream" else ""
+        lines.append(f"| {sample['at'] / 60:.1f} min{settled} | {sample['orders']:,} | " + " | ".join(cells)
                      + f" | {harness} | {sample['database_connections']} | {sample['redis']['connected_clients']} | "
                        f"{sample['redis']['used_memory'] / 2**20:.1f} MB | {sample.get('load', 0):.1f} |")
     return lines
