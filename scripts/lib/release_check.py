@@ -2,9 +2,13 @@
 README's install command, settings block and commands, read by tests/readme.py (the reader
 tests/test_readme_commands.py uses), so CI pastes exactly what a shop reads.
 
-    python scripts/lib/release_check.py contents DIST_DIR   # fails, naming each file, on a wrong sdist or wheel
-    python scripts/lib/release_check.py readme-settings     # the README's settings block, to paste
-    python scripts/lib/release_check.py readme-shell        # the README's commands and servers, for eval
+    python scripts/lib/release_check.py contents DIST_DIR          # fails, naming each file, on a wrong sdist or wheel
+    python scripts/lib/release_check.py readme-shell               # the README's commands, for eval
+    python scripts/lib/release_check.py readme-shell DATABASE      # its pip line and servers on DATABASE, for eval
+    python scripts/lib/release_check.py readme-settings DATABASE   # its settings block on DATABASE, to paste
+
+DATABASE is ``mariadb`` (the README's lines as written) or ``postgresql`` (the same lines with
+only what must differ changed: ``ON_POSTGRESQL``).
 
 Run with the project's virtualenv (it needs ``packaging``), from anywhere.
 """
@@ -31,6 +35,17 @@ from tests.readme import readme_commands, readme_python_blocks  # noqa: E402
 PACKAGE = "order_timeout"
 SECTION = "Use it in your project"
 SETTINGS_BLOCK = "# shop/settings.py"
+# The Django backend each pass of the check runs on; its last part is Django's connection.vendor.
+ENGINES = {"mariadb": "django.db.backends.mysql", "postgresql": "django.db.backends.postgresql"}
+# The README's settings block is MariaDB's; on PostgreSQL these lines of it change, each found
+# exactly once, and no other: the ENGINE its own comment names, PostgreSQL's port, and no MySQL
+# charset option (psycopg refuses a connection option it does not know: "invalid connection
+# option").
+ON_POSTGRESQL = (
+    (r'"django\.db\.backends\.mysql",\s*# or ("django\.db\.backends\.postgresql")$', r"\1,"),
+    (r'"PORT": "3306"', '"PORT": "5432"'),
+    (r'^ *"OPTIONS": \{"charset": "utf8mb4"\},\n', ""),
+)
 # In the repository, not in a release: the wheel holds the package alone, the sdist the package
 # and what describes it (MANIFEST.in).
 NOT_SHIPPED = ("tests", "testproject", "bench", "chaos", "docs", "scripts", ".ci", "manage.py", "releases.toml")
@@ -128,50 +143,90 @@ def contents(dist: Path) -> int:
     return status
 
 
-def readme_settings() -> str:
-    return readme_python_blocks()[SETTINGS_BLOCK]
+def on_postgresql(block: str) -> str:
+    """The README's settings block with ``ON_POSTGRESQL``'s lines changed, every other as written."""
+    for pattern, replacement in ON_POSTGRESQL:
+        block, found = re.subn(pattern, replacement, block, flags=re.M)
+        if found != 1:
+            raise SystemExit(f"README.md's {SETTINGS_BLOCK} block: {pattern!r} found {found} times, not once")
+    return block
+
+
+def readme_settings(database: str) -> str:
+    block = readme_python_blocks()[SETTINGS_BLOCK]
+    return on_postgresql(block) if database == "postgresql" else block
+
+
+def readme_install(database: str) -> str:
+    install = next(command for command in readme_commands(SECTION) if command.startswith("pip install "))
+    return with_postgresql_extra(install) if database == "postgresql" else install
+
+
+def with_postgresql_extra(install: str) -> str:
+    """The README's pip line with the ``postgresql`` extra in place of ``mysql``, the rest as written."""
+    found = re.fullmatch(r"[^\[]+\[([\w,-]+)\]", shlex.split(install)[-1])
+    extras = found.group(1) if found else ""
+    if "mysql" not in extras.split(","):
+        raise SystemExit(f"README.md's pip line has no mysql extra to replace: {install}")
+    postgresql = ",".join("postgresql" if name == "mysql" else name for name in extras.split(","))
+    return install.replace(f"[{extras}]", f"[{postgresql}]")
+
+
+def shell(values: dict[str, Any]) -> str:
+    return "".join(f"{key}={shlex.quote(str(value))}\n" for key, value in values.items())
 
 
 def readme_shell() -> str:
-    """The README's commands and the servers its settings block names, as shell assignments.
+    """The README's migrate, check and consumer commands, as shell assignments.
 
     Fails when the README's pip command does not install this version's wheel: the README and
     the version are bumped together (CONTRIBUTING.md, "Making a release")."""
     commands = readme_commands(SECTION)
-    install = next(command for command in commands if command.startswith("pip install "))
     [migrate] = [command for command in commands if command.split()[:3] == ["python", "manage.py", "migrate"]]
     [check] = [command for command in commands if command.split()[:3] == ["python", "manage.py", "check"]]
     [consume] = [command for command in commands if "run_timeout_consumer" in command]
+    install = readme_install("mariadb")
     wheel = Path(shlex.split(install)[-1].split("[")[0]).name
     if wheel != wheel_name():
         raise SystemExit(f"README.md installs {wheel}, but pyproject.toml's version makes {wheel_name()}: "
                          f"change the README's command ({install})")
+    return shell({"version": project_version(), "wheel": wheel, "migrate": migrate, "check": check,
+                  "consume": consume})
+
+
+def database_shell(database: str) -> str:
+    """The README's pip line and the servers its settings block names on ``database``, as shell
+    assignments (``vendor`` is what Django's connection.vendor must say)."""
     namespace: dict[str, Any] = {"INSTALLED_APPS": []}
-    exec(readme_settings(), namespace)  # the README's own lines: dicts and a sum, nothing imported
-    database = namespace["DATABASES"]["default"]
-    if database["ENGINE"] != "django.db.backends.mysql":
-        raise SystemExit(f"the README's settings use {database['ENGINE']}; this check makes a MariaDB database")
+    exec(readme_settings(database), namespace)  # the README's own lines: dicts and a sum, nothing imported
+    settings = namespace["DATABASES"]["default"]
+    if settings["ENGINE"] != ENGINES[database]:
+        raise SystemExit(f"the README's settings use {settings['ENGINE']}; this check's {database} pass needs "
+                         f"{ENGINES[database]}")
     values = {
-        "version": project_version(), "wheel": wheel, "install": install, "migrate": migrate, "check": check,
-        "consume": consume, "db_name": database["NAME"], "db_user": database["USER"],
-        "db_password": database["PASSWORD"], "db_host": database["HOST"], "db_port": database["PORT"],
+        "install": readme_install(database),
+        "vendor": settings["ENGINE"].rsplit(".", 1)[1], "db_name": settings["NAME"], "db_user": settings["USER"],
+        "db_password": settings["PASSWORD"], "db_host": settings["HOST"], "db_port": settings["PORT"],
         "redis_url": namespace["CACHES"][namespace["ORDER_TIMEOUT"]["REDIS_ALIAS"]]["LOCATION"],
     }
     for key in ("db_name", "db_user", "db_password"):  # written into SQL by the script
         if not re.fullmatch(r"[A-Za-z0-9_-]+", values[key]):
             raise SystemExit(f"the README's {key} {values[key]!r}: the check quotes only [A-Za-z0-9_-]")
-    return "".join(f"{key}={shlex.quote(str(value))}\n" for key, value in values.items())
+    return shell(values)
 
 
 def main(argv: list[str]) -> int:
     match argv:
         case ["contents", dist]:
             return contents(Path(dist))
-        case ["readme-settings"]:
-            print(readme_settings(), end="")
-            return 0
         case ["readme-shell"]:
             print(readme_shell(), end="")
+            return 0
+        case ["readme-shell", database] if database in ENGINES:
+            print(database_shell(database), end="")
+            return 0
+        case ["readme-settings", database] if database in ENGINES:
+            print(readme_settings(database), end="")
             return 0
     print(__doc__, file=sys.stderr)
     return 2
