@@ -44,7 +44,7 @@ ENGINES = {"mariadb": "django.db.backends.mysql", "postgresql": "django.db.backe
 ON_POSTGRESQL = (
     (r'"django\.db\.backends\.mysql",\s*# or ("django\.db\.backends\.postgresql")$', r"\1,"),
     (r'"PORT": "3306"', '"PORT": "5432"'),
-    (r'^ *"OPTIONS": \{"charset": "utf8mb4"\},\n', ""),
+    (r'^ *"OPTIONS": \{"charset": "utf8mb4"\},.*\n', ""),
 )
 # In the repository, not in a release: the wheel holds the package alone, the sdist the package
 # and what describes it (MANIFEST.in).
