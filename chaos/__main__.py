@@ -16,10 +16,8 @@ import dataclasses
 import json
 import logging
 import os
-import platform
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +27,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+from . import provenance
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,35 +86,6 @@ def _interrupted(signum: int, frame: FrameType | None) -> None:
     for later in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(later, signal.SIG_IGN)
     raise KeyboardInterrupt(f"signal {signum}")
-
-
-def machine() -> dict[str, Any]:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT VERSION()")
-        mariadb = cursor.fetchone()[0]
-    memory = next((line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
-                   if line.startswith("MemTotal")), "0")
-    redis_version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout
-    redis_version = redis_version.split("v=")[1].split()[0] if "v=" in redis_version else "?"
-    return {
-        "cpus": os.cpu_count(), "memory_gib": round(int(memory) / 2**20, 1),
-        "cpu": next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text()
-                     .splitlines() if line.startswith("model name")), "?"),
-        "mariadb": mariadb, "redis": redis_version,
-        "python": platform.python_version(), "django": __import__("django").get_version(),
-    }
-
-
-def commit() -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    # Tracked files only: the harness's own new files are not "changes" to what was measured.
-    changed = git("status", "--porcelain", "--untracked-files=no")
-    return f"{head} (with uncommitted changes)" if changed else head
 
 
 def run_scenario(scenario: Any, lab: Any, *, quick: bool) -> dict[str, Any]:
@@ -206,8 +177,8 @@ def main(argv: list[str]) -> int:
         logging.getLogger("order_timeout").setLevel(logging.ERROR)
         call_command("migrate", verbosity=0)
         run: dict[str, Any] = {
-            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit(),
-            "quick": args.quick, "redis_cluster": servers.cluster, "machine": machine(),
+            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "commit": provenance.commit(),
+            "quick": args.quick, "redis_cluster": servers.cluster, "machine": provenance.machine(),
             "tuning": tuning.as_dict(),
             "sizes": asdict(sizes), "scenarios": [],
         }

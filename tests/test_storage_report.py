@@ -7,13 +7,13 @@ import io
 import json
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.db import connection
 
 from order_timeout.models import Reminder
 from order_timeout.scans.pruning import prune
 
+from .test_metrics import monitor  # noqa: F401 (a fixture)
 from .test_prune import DAY, reminder, retention  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -66,14 +66,6 @@ def test_the_status_command_says_what_the_last_prune_deleted(retention):  # noqa
     assert storage["tables"]["reminders"]["deleted_total"] == 3
     assert storage["last_prune_at"] is not None
     assert "deleted 0 notices, 3 reminders, 0 dead letters" in text.getvalue()
-
-
-@pytest.fixture
-def monitor(client):
-    user = User.objects.create_user("monitor", password="pw")
-    user.user_permissions.add(Permission.objects.get(codename="view_timeoutoverview"))
-    client.force_login(user)
-    return client
 
 
 def test_the_metrics_count_what_the_prune_deleted_and_each_tables_size(monitor, retention):  # noqa: F811

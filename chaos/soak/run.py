@@ -15,10 +15,8 @@ import argparse
 import json
 import logging
 import os
-import platform
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from .. import provenance
 from .plan import WEBHOOK, Plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -168,7 +167,6 @@ def soak(plan: Plan, tuning: Any, env: dict[str, str], logs: Path, sink: Any, *,
 
     from order_timeout import get_order_model
 
-    from .. import __main__ as chaos_main
     from ..consumers import ConsumerPool
     from . import checks, growth, sampling
     from .fit import FLOORS
@@ -222,8 +220,8 @@ def soak(plan: Plan, tuning: Any, env: dict[str, str], logs: Path, sink: Any, *,
     series = growth.all_series(samples, plan, orders_table())
     window = growth.fitted(samples, plan)
     return {
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "commit": chaos_main.commit(),
-        "database_name": _database_name(), "machine": machine(), "plan": {**plan.as_dict(),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "commit": provenance.commit(),
+        "database_name": provenance.database_name(), "machine": provenance.machine(), "plan": {**plan.as_dict(),
                                                                          "rss_reference": plan.rss_reference},
         "tuning": tuning.as_dict(), "orders": stream.created, "cohorts": dict(stream.by_cohort),
         "ticks": len(beat.scans),
@@ -249,12 +247,6 @@ def _break_closed_twice() -> None:
         Delivery.objects.create(order_id=first.order_id, delivered_at=first.delivered_at, pid=0)
 
 
-def _database_name() -> str:
-    from django.db import connection
-
-    return "PostgreSQL" if connection.vendor == "postgresql" else "MariaDB"
-
-
 def _bytes_are() -> str:
     from django.db import connection
 
@@ -264,20 +256,3 @@ def _bytes_are() -> str:
             "table's B-trees hold, free space within them included).")
 
 
-def machine() -> dict[str, Any]:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW server_version" if connection.vendor == "postgresql" else "SELECT VERSION()")
-        version = str(cursor.fetchone()[0]).split()[0]
-    memory = next((line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
-                   if line.startswith("MemTotal")), "0")
-    redis_version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout
-    return {
-        "cpus": os.cpu_count(), "memory_gib": round(int(memory) / 2**20, 1),
-        "cpu": next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("model name")), "?"),
-        "database": f"{_database_name()} {version}",
-        "redis": redis_version.split("v=")[1].split()[0] if "v=" in redis_version else "?",
-        "python": platform.python_version(), "django": __import__("django").get_version(),
-    }
