@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -523,16 +524,21 @@ def check_redis_permissions(app_configs: Any = None, **kwargs: Any) -> list[chec
     if not refusals:
         return []
     parts, grants = [], []
-    pattern = f"{{{settings.KEY_PREFIX}*"
-    for refused, text, grant in (("command", "run {}", "+{}"),
-                                 ("keys", f"touch the queue's keys ({pattern}, with {{}})", f"~{pattern}"),
-                                 ("channels", f"use the queue's channels ({pattern}, with {{}})",
-                                  f"&{pattern}")):
+    # The queue's keys and channels: "{prefix" then anything (the prefix itself holds no brace, but
+    # the pattern does, so nothing here goes through str.format).
+    pattern = "{" + settings.KEY_PREFIX + "*"
+    saying: dict[str, Callable[[str], str]] = {
+        "command": lambda names: f"run {names}",
+        "keys": lambda names: f"touch the queue's keys ({pattern}, with {names})",
+        "channels": lambda names: f"use the queue's channels ({pattern}, with {names})",
+    }
+    for refused, says in saying.items():
         names = sorted({refusal.command for refusal in refusals if refusal.refused == refused},
                        key=lambda name: (name != "select", name))  # SELECT first: it hides the rest
         if names:
-            parts.append(text.format(", ".join(name.upper() for name in names)))
-            grants += [grant.format(name) for name in names] if refused == "command" else [grant]
+            parts.append(says(", ".join(name.upper() for name in names)))
+            grants += ([f"+{name}" for name in names] if refused == "command"
+                       else [("~" if refused == "keys" else "&") + pattern])
     return [checks.Warning(
         f"The queue's Redis user may not {'; nor '.join(parts)} (its ACL rules refuse them): the app "
         "sends them, and fails where they are refused (a save, a claim, the wake-ups).",

@@ -12,6 +12,7 @@ from typing import Any
 
 import django_redis
 import pytest
+from django.conf import settings as django_settings
 from django.test import override_settings
 from django_redis import get_redis_connection
 from redis import Redis
@@ -34,8 +35,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 # The least privilege the app needs: its own keys and channels, and these commands
 # (scripts run their commands as the user, so those count too). docs/operations.md shows it.
+# The keys and channels are the configured prefix's (a developer's own, ORDER_TIMEOUT_KEY_PREFIX).
+PREFIX = django_settings.ORDER_TIMEOUT.get("KEY_PREFIX", "order_timeout")
 ACL_RULES = (
-    "on >s3cret ~{order_timeout* &{order_timeout* resetchannels &{order_timeout* "
+    f"on >s3cret ~{{{PREFIX}* &{{{PREFIX}* resetchannels &{{{PREFIX}* "
     "-@all +select +evalsha +eval +script|load +ping +info +zadd +zrem +zrange +zrangebyscore +zcard "
     "+zcount +zscore +zmscore +zscan +hget +hmget +hset +hsetnx +hdel +hlen +hincrby +set +get "
     "+del +pexpire +publish +spublish +subscribe +ssubscribe +unsubscribe +sunsubscribe"
@@ -158,6 +161,19 @@ def test_deploy_check_names_the_commands_the_user_lacks(server, settings):
     assert [message.id for message in messages] == ["order_timeout.W009"]
     assert "may not run SSUBSCRIBE, ZMSCORE " in messages[0].msg
     assert "+ssubscribe +zmscore" in messages[0].hint
+
+
+def test_deploy_check_names_the_keys_and_channels_the_user_may_not_touch(server, settings):
+    """The queue's keys are named by their pattern, {prefix* (a brace the message is built around,
+    not a format field: the check raised ValueError here)."""
+    redis = redis_with_user(server, ACL_RULES.replace(f"{{{PREFIX}*", "{someone-else*"))
+
+    with as_user(settings, redis):
+        messages = check_redis_permissions()
+
+    assert [message.id for message in messages] == ["order_timeout.W009"]
+    assert f"may not touch the queue's keys ({{{PREFIX}*, with " in messages[0].msg
+    assert f"~{{{PREFIX}* &{{{PREFIX}*" in messages[0].hint
 
 
 def test_deploy_check_says_a_location_with_a_database_number_needs_select(server, settings):
