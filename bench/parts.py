@@ -95,7 +95,7 @@ def _wrapped(parts: Parts) -> Iterator[None]:
 
     from order_timeout.db import locks
     from order_timeout.queue.shards import Shard
-    from order_timeout.timers import acting, closes, kind, lifecycle
+    from order_timeout.timers import closes, kind, lifecycle, receivers
 
     parts.wrap(CursorWrapper, "execute", lambda cursor, sql, *args, **kwargs: _statement_part(sql))
     for name in ("commit", "set_autocommit"):
@@ -103,11 +103,11 @@ def _wrapped(parts: Parts) -> Iterator[None]:
     parts.wrap(Shard, "claim", "claim (Lua, into the lease set)")
     parts.wrap(lifecycle.Lifecycle, "_settle", "ack (Redis)")
     parts.wrap(locks, "lock_orders", "rows read under the lock")
-    parts.wrap(acting, "run_receiver", "order_expired per order")
-    parts.wrap(acting, "run_batch_receiver", "batch receivers")
+    parts.wrap(receivers, "run_receiver", "order_expired per order")
+    parts.wrap(receivers, "run_batch_receiver", "batch receivers")
     parts.wrap(lifecycle.Lifecycle, "process", "lifecycle bookkeeping")
     # The kinds import these by name: where they are called from must see the wrapped ones.
-    rebound = {"lock_orders": locks, "run_receiver": acting, "run_batch_receiver": acting}
+    rebound = {"lock_orders": locks, "run_receiver": receivers, "run_batch_receiver": receivers}
 
     def follow() -> None:
         for module in (closes, kind):

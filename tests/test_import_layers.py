@@ -1,5 +1,6 @@
-"""The app's modules import each other in layers: ``scheduling`` (the order model's bridge to the
-queue) uses the kinds of ``timers``; nothing ``timers`` imports, at any depth, imports it back.
+"""The app's modules import each other in layers, with no circle anywhere: ``scheduling`` (the order
+model's bridge to the queue) uses the kinds of ``timers``; nothing ``timers`` imports, at any
+depth, imports it back; and no two modules of the app import each other, at any depth.
 
 Read from the source (every ``import``, at module level, in a function or under
 ``TYPE_CHECKING``), not from what happens to be loaded: a circle hidden in a function is
@@ -77,3 +78,44 @@ def test_nothing_the_timers_import_imports_scheduling_back() -> None:
 def test_scheduling_uses_the_timers() -> None:
     # The layer this file guards: were it to stop importing them, the test above would guard nothing.
     assert {"order_timeout.timers.syncing", "order_timeout.timers.registry"} <= graph()["order_timeout.scheduling"]
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Every set of modules that import each other in a loop (Tarjan's strongly connected
+    components of more than one module, or one that imports itself)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(name: str) -> None:
+        index[name] = low[name] = len(index)
+        stack.append(name)
+        for target in sorted(edges.get(name, ())):
+            if target not in index:
+                visit(target)
+                low[name] = min(low[name], low[target])
+            elif target in stack:
+                low[name] = min(low[name], index[target])
+        if low[name] == index[name]:
+            component = [stack.pop()]
+            while component[-1] != name:
+                component.append(stack.pop())
+            if len(component) > 1 or name in edges.get(name, ()):
+                found.append(sorted(component))
+
+    for name in sorted(edges):
+        if name not in index:
+            visit(name)
+    return found
+
+
+def test_no_module_of_the_app_imports_another_that_imports_it_back() -> None:
+    """A lower module never needs a higher one: what both need moves down, or is passed in."""
+    assert circles(graph()) == []
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    # The test above would pass on a finder that finds nothing.
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert circles(edges) == [["a", "b", "c"], ["e"]]

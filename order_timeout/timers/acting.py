@@ -27,43 +27,17 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import Error as DatabaseError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.transaction import TransactionManagementError
 
 from ..db.errors import is_lock_conflict
 from ..db.locks import StillConflicting, Stopped, retrying_lock_conflicts
 from ..db.session import limit_transaction
-from ..exceptions import ImmediateShutdown
-from .outcome import Key, Outcome
+from .outcome import Due, Key, Outcome
+from .receivers import ReceiverFailed, cause
 
 if TYPE_CHECKING:
-    from .kind import Due, Timer
+    from .kind import Timer
 
 logger = logging.getLogger("order_timeout")
-
-
-class ReceiverFailed(Exception):
-    """A receiver of ``key``'s act raised ``error`` (anything, ``SystemExit`` included)."""
-
-    def __init__(self, key: Key, error: BaseException) -> None:
-        super().__init__(key, error)
-        self.key, self.error = key, error
-
-
-def run_receiver(key: Key, using: str, send: Callable[[], Any]) -> None:
-    """Run one key's receivers; whatever they raise fails that key alone (as ``ReceiverFailed``).
-
-    Only the consumer's own immediate shutdown goes through. A receiver that
-    marked the transaction for rollback fails its key too: the act would be
-    undone silently, yet acked.
-    """
-    try:
-        send()
-        if transaction.get_rollback(using=using):
-            raise TransactionManagementError("a receiver marked the transaction for rollback")
-    except ImmediateShutdown:
-        raise
-    except BaseException as exc:
-        raise ReceiverFailed(key, exc) from exc
 
 
 def act_on(kind: Timer, keys: Sequence[Key], *, should_stop: Callable[[], bool] | None = None,
@@ -116,10 +90,10 @@ def act_on(kind: Timer, keys: Sequence[Key], *, should_stop: Callable[[], bool] 
     # connection a receiver lost) is counted against a key only when it comes back for it alone.
     if len(keys) > 1:
         logger.warning("%s: a batch of %d failed as a whole (%s: %s); acting on its keys one by one.",
-                       kind.label, len(keys), type(batch_error).__name__, _cause(batch_error))
+                       kind.label, len(keys), type(batch_error).__name__, cause(batch_error))
     else:
         logger.warning("%s: acting on %s failed (%s: %s); trying it once more.", kind.label,
-                       kind.describe(keys[0]), type(batch_error).__name__, _cause(batch_error))
+                       kind.describe(keys[0]), type(batch_error).__name__, cause(batch_error))
     for index, key in enumerate(keys):
         if stopping():
             outcome.abandoned += keys[index:]
@@ -134,33 +108,8 @@ def act_on(kind: Timer, keys: Sequence[Key], *, should_stop: Callable[[], bool] 
         except Exception as exc:
             if not _database_answers(connection):
                 raise _unreachable(exc)  # noqa: B904 (_unreachable chains the cause itself)
-            outcome.failed[key] = _cause(exc)
+            outcome.failed[key] = cause(exc)
     return outcome
-
-
-class BatchReceiverFailed(Exception):
-    """A receiver of a whole batch (``Timer.fire``, ``orders_expired``) raised ``error``: the batch
-    fails as a whole, and is acted on again a key at a time."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(error)
-        self.error = error
-
-
-def run_batch_receiver(send: Callable[[], Any]) -> None:
-    """Run a batch's receivers; whatever they raise (``SystemExit`` too) fails the batch, not the
-    consumer. Only the consumer's own immediate shutdown goes through."""
-    try:
-        send()
-    except ImmediateShutdown:
-        raise
-    except BaseException as exc:
-        raise BatchReceiverFailed(exc) from exc
-
-
-def _cause(error: BaseException) -> BaseException:
-    """The receiver's own error inside our wrappers."""
-    return error.error if isinstance(error, (ReceiverFailed, BatchReceiverFailed)) else error
 
 
 class _Refused(Exception):
@@ -280,7 +229,7 @@ def _transaction(kind: Timer, keys: Sequence[Key], using: str, refused: dict[Key
                 outcome.failed[failure.key] = failure.error
                 _one_by_one(kind, [item for item in due if item[0] != failure.key], now, outcome, using, progress)
             except Exception as exc:
-                if _databases(_cause(exc), using):
+                if _databases(cause(exc), using):
                     raise
                 _one_by_one(kind, due, now, outcome, using, progress)
             else:
@@ -296,7 +245,7 @@ def _one_by_one(kind: Timer, due: list[Due], now: Any, outcome: Outcome, using: 
             with transaction.atomic(using=using):
                 kind.act([item], now, progress)
         except Exception as exc:
-            error = _cause(exc)
+            error = cause(exc)
             if _databases(error, using):
                 raise error from error.__cause__
             outcome.failed[item[0]] = error

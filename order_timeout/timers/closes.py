@@ -23,9 +23,9 @@ from ..models import HOLD_EXPIRED_REASON, TIMEOUT_REASON, TimeoutOrderMixin
 from ..ordermodel import get_order_model
 from ..queue.keys import CLOSE
 from ..signals import order_expired, order_keys_expired, orders_expired
-from .acting import run_batch_receiver, run_receiver
-from .kind import Due, Timer
-from .outcome import Key, Outcome
+from .kind import Timer
+from .outcome import Due, Key, Outcome
+from .receivers import run_batch_receiver, run_receiver
 
 # How the mixin reads an order's status: a model that says it its own way gets instances.
 _READING_THE_STATUS = ("awaits_payment", "is_unpaid", "timeout_status")

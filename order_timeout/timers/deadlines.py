@@ -20,11 +20,26 @@ from ..db.walk import rows_by_deadline
 
 if TYPE_CHECKING:
     from ..db.locks import LockedOrders
-    from .kind import Timer
 
 Rows = Iterator[list[tuple[Any, datetime]]]
 # Keys looked up per query when the app's table is counted against the rows still pending.
 _COUNT_CHUNK = 1000
+
+
+class RowsOfATimer(Protocol):
+    """What the app's table of deadlines needs of the timer whose deadlines it keeps."""
+
+    name: str
+
+    @property
+    def model(self) -> Any: ...
+
+    @property
+    def using(self) -> str: ...
+
+    def schedule(self, rows: Any) -> None: ...
+
+    def unschedule(self, rows: Any) -> None: ...
 
 
 class DeadlineStore(Protocol):
@@ -88,7 +103,7 @@ class ColumnDeadlines:
 class OutsideDeadlines:
     """Deadlines in ``order_timeout.Deadline``: ``(timer, object_id) -> expires_at``."""
 
-    def __init__(self, timer: Timer) -> None:
+    def __init__(self, timer: RowsOfATimer) -> None:
         self.timer = timer
 
     def _table(self) -> Any:

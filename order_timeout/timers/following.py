@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 # Where an instance keeps, per timer, the deadline it was loaded with.
 SEEN = "_order_timeout_seen"
+# The timers that guard saves, by model: what a refresh notes again (``_note_again_on_refresh``).
+_GUARDING: dict[Any, list[Timer]] = {}
 
 
 def follow_model(timer: Timer) -> None:
@@ -56,11 +58,15 @@ def follow_model(timer: Timer) -> None:
         post_init.connect(_noting_acted(timer), sender=model, weak=False, dispatch_uid=f"{uid}.acted")
         pre_save.connect(_guarding(timer), sender=model, weak=False, dispatch_uid=f"{uid}.guard")
         post_save.connect(_noting_acted(timer), sender=model, weak=False, dispatch_uid=f"{uid}.saved-acted")
+        _GUARDING.setdefault(model, []).append(timer)
         _note_again_on_refresh(model)
 
 
 def unfollow_model(timer: Timer) -> None:
     uid = f"order_timeout.timer.{timer.name}"
+    guarding = _GUARDING.get(timer.model, [])
+    if timer in guarding:
+        guarding.remove(timer)
     for signal, part in ((post_init, "init"), (post_save, "saved"), (post_delete, "deleted"), (pre_save, "final"),
                          (post_init, "acted"), (pre_save, "guard"), (post_save, "saved-acted")):
         signal.disconnect(sender=timer.model, dispatch_uid=f"{uid}.{part}")
@@ -197,11 +203,8 @@ def _note_again_on_refresh(model: Any) -> None:
 
     def refresh_from_db(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        from .registry import registry
-
-        for timer in registry.of_model(type(self)):
-            if timer.guard_saves:
-                _noting_acted(timer)(type(self), self)
+        for timer in _GUARDING.get(type(self), ()):
+            _noting_acted(timer)(type(self), self)
 
     refresh_from_db._order_timeout_notes = True  # type: ignore[attr-defined]
     refresh_from_db.__doc__ = original.__doc__

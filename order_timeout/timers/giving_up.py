@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from django.db import router, transaction
 
@@ -22,8 +22,23 @@ from ..models import DeadLetter
 from .members import datetime_of_score
 from .outcome import Key
 
-if TYPE_CHECKING:
-    from .kind import Timer
+
+
+class Buries(Protocol):
+    """What writing a kind's dead letters needs of it: whose rows, which are still pending."""
+
+    name: str
+
+    @property
+    def model(self) -> Any: ...
+
+    @property
+    def using(self) -> str: ...
+
+    @property
+    def pending(self) -> Any: ...
+
+    def row_of(self, key: Key) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -71,7 +86,7 @@ def describe(error: BaseException) -> tuple[str, str]:
     return name[:255], f"{name}: {message}" if message else name
 
 
-def record(kind: Timer, failures: Sequence[Failure], now: datetime) -> Burial:
+def record(kind: Buries, failures: Sequence[Failure], now: datetime) -> Burial:
     """Write (or update) one open dead letter per failed key whose row is still pending."""
     model = kind.model
     label = model._meta.label

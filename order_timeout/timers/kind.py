@@ -38,13 +38,11 @@ from ..conf import settings
 from ..db.columns import auto_now_values
 from ..db.keys import KeysIn
 from ..db.locks import LockedOrders, lock_orders
-from .acting import run_batch_receiver
 from .deadlines import ColumnDeadlines, DeadlineStore, OutsideDeadlines
 from .members import deadline_score, integer_keys, now_score, order_member, parse_member
-from .outcome import Key, Outcome
+from .outcome import Due, Key, Outcome
+from .receivers import run_batch_receiver
 
-# One key with its locked row, due now.
-Due = tuple[Key, Any]
 # What a kind may declare that reads its rows as the model's instances.
 _TAKING_INSTANCES = ("fire", "is_pending", "judge", "act")
 

@@ -35,8 +35,8 @@ from ..models import Notice
 from ..notices.delivery import Delivery, Rejected
 from ..notices.registry import handlers
 from ..queue.keys import NOTICE
-from .kind import Due, Timer
-from .outcome import Key, Outcome
+from .kind import Timer
+from .outcome import Due, Key, Outcome
 
 logger = logging.getLogger("order_timeout")
 

@@ -14,6 +14,8 @@ from typing import Any
 
 # What one key of a kind is: an order's primary key, (pk, lead) for a reminder.
 Key = Any
+# One key with its locked row (or what its act reads of it), due now.
+Due = tuple[Key, Any]
 
 
 @dataclass

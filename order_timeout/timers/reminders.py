@@ -27,11 +27,10 @@ from ..db.primary import on_primary
 from ..models import Reminder
 from ..queue.keys import REMIND
 from ..signals import deadline_approaching
-from .acting import run_receiver
 from .closes import OnOrderModel
-from .kind import Due
 from .members import deadline_score, parse_reminder, reminder_member
-from .outcome import Key, Outcome
+from .outcome import Due, Key, Outcome
+from .receivers import run_receiver
 
 
 @dataclass

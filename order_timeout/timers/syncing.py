@@ -2,7 +2,7 @@
 
 The one path by which a save, a ``schedule()`` or a batch of new notices
 reaches Redis, for every kind of timer: each kind says what Redis must hold
-for a row (``Timer.follow``); the changes are gathered per database and sent
+for a row (its ``follow``); the changes are gathered per database and sent
 with ``transaction.on_commit``, so a rolled-back row never reaches Redis. A
 Redis failure is logged, never raised: the row is committed already and the
 compensation scan catches up with it. Below ``scheduling`` (the order model's
@@ -16,15 +16,23 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from django.db import router, transaction
 
 from ..queue import TimeoutQueue
 from ..redaction import masked
 
-if TYPE_CHECKING:
-    from .kind import Timer
+
+
+class Follows(Protocol):
+    """What a kind says Redis must hold for a row: its members and scores, or members to drop."""
+
+    @property
+    def key_space(self) -> str: ...
+
+    def follow(self, row: Any) -> tuple[dict[str, int], list[str]]: ...
+
 
 logger = logging.getLogger("order_timeout")
 
@@ -41,12 +49,12 @@ class _Change:
     gone: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     told: list[tuple[Any, Any]] = field(default_factory=list)
 
-    def add(self, kind: Timer, row: Any) -> None:
+    def add(self, kind: Follows, row: Any) -> None:
         wanted, unwanted = kind.follow(row)
         self.deadlines[kind.key_space].update(wanted)
         self.gone[kind.key_space] += unwanted
 
-    def forget(self, kind: Timer, row: Any) -> None:
+    def forget(self, kind: Follows, row: Any) -> None:
         wanted, unwanted = kind.follow(row)
         self.gone[kind.key_space] += [*wanted, *unwanted]
 
@@ -79,7 +87,7 @@ def _sync(change: _Change) -> None:
         row._queue_state = state
 
 
-def follow(kinds: Sequence[Timer], rows: Iterable[Any], *, remember: bool = False) -> None:
+def follow(kinds: Sequence[Follows], rows: Iterable[Any], *, remember: bool = False) -> None:
     """Make each kind's queue follow these rows once the transaction commits.
 
     ``remember``: the rows are orders whose copies note what Redis was told
@@ -96,7 +104,7 @@ def follow(kinds: Sequence[Timer], rows: Iterable[Any], *, remember: bool = Fals
         transaction.on_commit(partial(_sync, change), using=using)
 
 
-def follow_members(kind: Timer, using: str, deadlines: dict[str, int]) -> None:
+def follow_members(kind: Follows, using: str, deadlines: dict[str, int]) -> None:
     """``follow`` for members whose scores the caller already has (a batch of new notices): the
     same after-commit sync, without a look at each row."""
     change = _Change()
@@ -104,7 +112,7 @@ def follow_members(kind: Timer, using: str, deadlines: dict[str, int]) -> None:
     transaction.on_commit(partial(_sync, change), using=using)
 
 
-def forget(kinds: Sequence[Timer], rows: Iterable[Any]) -> None:
+def forget(kinds: Sequence[Follows], rows: Iterable[Any]) -> None:
     """Take these rows off each kind's queue once the transaction commits."""
     by_database: dict[str, _Change] = defaultdict(_Change)
     for row in rows:
