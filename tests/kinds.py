@@ -34,7 +34,7 @@ from order_timeout.queue import TimeoutQueue
 from order_timeout.scans.compensation import ScanResult
 from order_timeout.scheduling import connect_receivers, disconnect_receivers
 from order_timeout.signals import deadline_approaching, order_expired, order_keys_expired, orders_expired
-from order_timeout.timers.kind import Timer
+from order_timeout.timers.kind import Kind
 from order_timeout.timers.members import deadline_score
 from order_timeout.timers.registry import ORDER_TIMEOUT, REMINDERS, registry
 from testproject.shop.models import (
@@ -98,7 +98,7 @@ class Case:
     # -- what it is --------------------------------------------------------------------------
 
     @property
-    def kind(self) -> Timer:
+    def kind(self) -> Kind:
         return registry.get(self.name)
 
     @property
@@ -213,7 +213,7 @@ class CloseCase(Case):
             self.cleanup.callback(disconnect_receivers, self.order_model)
 
     @property
-    def kind(self) -> Timer:
+    def kind(self) -> Kind:
         return ORDER_TIMEOUT
 
     @property
@@ -309,7 +309,7 @@ class ReminderCase(Case):
         settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "REMINDERS": [LEAD_SECONDS]}
 
     @property
-    def kind(self) -> Timer:
+    def kind(self) -> Kind:
         return REMINDERS
 
     @property

@@ -19,7 +19,7 @@ from ..ordermodel import get_order_model
 from ..queue import QueueStats, TimeoutQueue
 from ..queue.keys import REMIND
 from ..timers.closes import OrderTimeout
-from ..timers.kind import Timer
+from ..timers.kind import Kind
 from ..timers.members import now_score
 from ..timers.registry import ORDER_TIMEOUT, registry
 
@@ -150,7 +150,7 @@ def measure(now: datetime | None = None, *, model: type[TimeoutOrderMixin] | Non
     )
 
 
-def _timer(timer: Timer, queue: TimeoutQueue, now: datetime, *, drift: bool) -> TimerHealth:
+def _timer(timer: Kind, queue: TimeoutQueue, now: datetime, *, drift: bool) -> TimerHealth:
     stats = queue.stats(now_score(now))
     overdue, held = timer.overdue_and_held(now)
     return TimerHealth(
@@ -180,7 +180,7 @@ def count_drift(kind: Any, queue: TimeoutQueue) -> int:
     save was committing during the walk (its member on the way) is not
     counted; rows waiting as open dead letters left Redis on purpose.
     """
-    kind = kind if isinstance(kind, Timer) else OrderTimeout(kind)
+    kind = kind if isinstance(kind, Kind) else OrderTimeout(kind)
     missing: list[str] = []
     for chunk in kind.upcoming(None, None, settings.COMPENSATION_CHUNK):
         missing += queue.missing(kind.member(pk) for pk, _ in chunk)

@@ -27,7 +27,7 @@ from ..models import DeadLetter, TimeoutOrderMixin
 from ..ordermodel import get_order_model
 from ..queue import TimeoutQueue
 from ..scheduling import schedule
-from ..timers.kind import Timer
+from ..timers.kind import Kind
 
 if TYPE_CHECKING:
     from .compensation import Progress
@@ -157,7 +157,7 @@ class TimerBackfill:
     at their deadlines; ``plan()`` says what ``run()`` would do. Only Redis changes: the rows carry
     their deadlines already."""
 
-    def __init__(self, timer: Timer, *, queue: TimeoutQueue | None = None, now: datetime | None = None,
+    def __init__(self, timer: Kind, *, queue: TimeoutQueue | None = None, now: datetime | None = None,
                  chunk_size: int | None = None, progress: Progress | None = None) -> None:
         if timer.deadline is None:
             raise ValueError(

@@ -36,7 +36,7 @@ from ..queue.housekeeping import ScanMark
 from ..timers.acting import act_on
 from ..timers.closes import OrderTimeout
 from ..timers.giving_up import Failure
-from ..timers.kind import Timer
+from ..timers.kind import Kind
 from ..timers.members import datetime_of_score, now_score
 from ..timers.registry import registry
 from ..timers.reminders import Reminders
@@ -94,7 +94,7 @@ class ScanResult:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def figures(self, kind: Timer) -> ScanResult:
+    def figures(self, kind: Kind) -> ScanResult:
         """Where ``kind``'s figures go: this result for the app's own kinds, else its own."""
         if isinstance(kind, (OrderTimeout, Reminders)):
             return self
@@ -118,7 +118,7 @@ class CompensationScan:
         chunk_size: int | None = None,
         progress: Progress | None = None,
         exit_when_stuck: bool = False,
-        kinds: list[Timer] | None = None,
+        kinds: list[Kind] | None = None,
         from_oldest: bool = False,
     ) -> None:
         # The order close (and its reminders) of ``model`` when it is not ORDER_MODEL.
@@ -149,7 +149,7 @@ class CompensationScan:
         self.rebuild_until = (self.now + timedelta(seconds=2 * settings.COMPENSATION_INTERVAL)
                               + self.grace) if heal and not full else None
 
-    def queue_of(self, kind: Timer) -> TimeoutQueue:
+    def queue_of(self, kind: Kind) -> TimeoutQueue:
         return self.queue if kind.key_space == self.queue.kind else self.queue.of_kind(kind.key_space)
 
     def run(self) -> ScanResult:
@@ -243,7 +243,7 @@ class CompensationScan:
 
     # -- close mode ----------------------------------------------------------------------------
 
-    def _close_overdue(self, kind: Timer, token: str) -> None:
+    def _close_overdue(self, kind: Kind, token: str) -> None:
         figures = self.result.figures(kind)
         if isinstance(kind, Reminders):
             return  # a reminder overdue is never sent; the close scan closes its order
@@ -289,7 +289,7 @@ class CompensationScan:
 
         self._mark_walked(kind, mark, before if earliest is None else earliest)
 
-    def _scan_mark(self, kind: Timer) -> ScanMark | None:
+    def _scan_mark(self, kind: Kind) -> ScanMark | None:
         """Where this walk starts: the last scan's mark, unless a full walk is due (None: from the
         oldest). A queue Redis lost (``full``) is walked whole: its members went with the mark."""
         if self.full or self.from_oldest or not self.result.locked:
@@ -302,7 +302,7 @@ class CompensationScan:
             return None
         return mark
 
-    def _mark_walked(self, kind: Timer, mark: ScanMark | None, start: datetime) -> None:
+    def _mark_walked(self, kind: Kind, mark: ScanMark | None, start: datetime) -> None:
         """The next scan starts at ``start``: below it this walk left only open dead letters. Not
         after a dry run, a rebuild's walk, or a walk cut short (its end is not known to be clean)."""
         if self.result.dry_run or self.full or not self.result.locked or self.result.lock_lost:
@@ -314,7 +314,7 @@ class CompensationScan:
             logger.warning("compensation scan could not record where the next one starts (%s); it walks "
                            "from the oldest", error)
 
-    def _act_counted(self, kind: Timer, members: dict[str, Any], figures: ScanResult) -> None:
+    def _act_counted(self, kind: Kind, members: dict[str, Any], figures: ScanResult) -> None:
         """Act on these in batches of the kind's claim limit (all at once for most kinds), each
         counted in Redis so a scan that dies doing it is known. A kind that waits on the outside
         world (the notices: a claim's worth at once) has its lock renewed between its batches, so a chunk of
@@ -332,7 +332,7 @@ class CompensationScan:
                 batch = self._take(kind, batch, figures)
             self._act_batch(kind, batch, figures, taken=bool(kind.claim_limit) and self.result.locked)
 
-    def _take(self, kind: Timer, members: dict[str, Any], figures: ScanResult) -> dict[str, Any]:
+    def _take(self, kind: Kind, members: dict[str, Any], figures: ScanResult) -> dict[str, Any]:
         """Lease ``members`` to this scan, but those a consumer holds; the taken."""
         if not members or not self.result.locked or self._token is None:
             return members
@@ -348,7 +348,7 @@ class CompensationScan:
         figures.left_to_consumers += len(members) - len(taken)
         return {member: pk for member, pk in members.items() if member in taken}
 
-    def _act_batch(self, kind: Timer, members: dict[str, Any], figures: ScanResult, *,
+    def _act_batch(self, kind: Kind, members: dict[str, Any], figures: ScanResult, *,
                    taken: bool = False) -> None:
         """``taken``: the members are leased to this scan (``_take``); what it does not settle here
         goes back to the consumers, due now (they judge it again under the row lock)."""
@@ -374,7 +374,7 @@ class CompensationScan:
         resolve_settled(kind, outcome.acted, outcome.settled, self.now)
         self._bookkeep(queue, "done_scanning", members)
 
-    def _hand_back(self, kind: Timer, queue: TimeoutQueue, look_again: list[Any],
+    def _hand_back(self, kind: Kind, queue: TimeoutQueue, look_again: list[Any],
                    not_due: dict[Any, datetime]) -> None:
         """Members this scan took and did not settle, back to pending for the consumers: those to look
         at again (held, kept, busy) due now, those not due yet at their time."""
@@ -389,7 +389,7 @@ class CompensationScan:
             logger.warning("compensation scan could not hand members back (%s); their leases run out "
                            "and the consumers take them over", error)
 
-    def _retry_or_give_up(self, kind: Timer, queue: TimeoutQueue, failed: dict[Any, BaseException],
+    def _retry_or_give_up(self, kind: Kind, queue: TimeoutQueue, failed: dict[Any, BaseException],
                           figures: ScanResult) -> None:
         """The scan's failures follow the consumers' rule: each is leased to this scan, then put back
         on the queue after its next retry delay (the consumers, or the next scan, try again), and
@@ -440,14 +440,14 @@ class CompensationScan:
         return watchdog(seconds, stuck)
 
     @staticmethod
-    def _open_dead_letters(kind: Timer, rows: list[tuple[Any, datetime]]) -> set[str]:
+    def _open_dead_letters(kind: Kind, rows: list[tuple[Any, datetime]]) -> set[str]:
         """The keys, as text, of those of ``rows`` that are open dead letters: staff decide them."""
         return set(on_primary(DeadLetter).filter(
             order_model=kind.model._meta.label, timer=kind.name, order_id__in=[str(pk) for pk, _ in rows],
             resolved_at__isnull=True,
         ).values_list("order_id", flat=True))
 
-    def _dropped_by_consumers(self, kind: Timer, members: dict[str, Any], figures: ScanResult,
+    def _dropped_by_consumers(self, kind: Kind, members: dict[str, Any], figures: ScanResult,
                               buried: set[str]) -> dict[str, Any]:
         """The overdue rows no consumer is handling: the scan's to act on.
 
@@ -491,7 +491,7 @@ class CompensationScan:
             except QueueUnavailable as error:
                 logger.warning("compensation scan could not keep its books in Redis (%s)", error)
 
-    def _bury(self, kind: Timer, pk: Any, scans: int, figures: ScanResult) -> None:
+    def _bury(self, kind: Kind, pk: Any, scans: int, figures: ScanResult) -> None:
         error = RepeatedTakeover(
             f"{scans} compensation scans died while acting on it (a receiver that exits the "
             "process or runs out of memory?); not tried again.")
@@ -502,7 +502,7 @@ class CompensationScan:
         figures.dead_lettered += len(burial.buried)
         figures.skipped_paid += len(burial.settled)
 
-    def _keep_looking(self, kind: Timer, held: dict[Any, datetime]) -> None:
+    def _keep_looking(self, kind: Kind, held: dict[Any, datetime]) -> None:
         """Put held rows Redis lost back in, due now: the consumers hold them or act on them."""
         if not held or not self.result.locked:
             return
@@ -511,7 +511,7 @@ class CompensationScan:
         except QueueUnavailable as error:
             logger.warning("compensation scan could not put held rows back in Redis (%s)", error)
 
-    def _forget(self, kind: Timer, pks: list[Any]) -> None:
+    def _forget(self, kind: Kind, pks: list[Any]) -> None:
         """Members of rows settled here need not wait for the consumer to drop them."""
         if not pks or not self.result.locked:
             return
@@ -528,7 +528,7 @@ class CompensationScan:
                 return
             self._rebuild(kind, token)
 
-    def _rebuild(self, kind: Timer, token: str) -> None:
+    def _rebuild(self, kind: Kind, token: str) -> None:
         # Future deadlines only: overdue rows are the close scan's (and a dead-lettered one
         # must not be retried behind the staff's back).
         figures = self.result.figures(kind)

@@ -34,7 +34,7 @@ from django.utils import timezone
 
 from ..models import QueueEpoch
 from ..queue import TimeoutQueue
-from ..timers.kind import Timer
+from ..timers.kind import Kind
 from .compensation import CompensationScan
 
 logger = logging.getLogger("order_timeout")
@@ -57,7 +57,7 @@ class QueueRecovery:
     """For one consumer: ``run()`` when a beat found an epoch marker missing; True once every
     queue is marked again (rebuilt if Redis lost it), False to try again at a later beat."""
 
-    def __init__(self, queue: TimeoutQueue, queues: Sequence[TimeoutQueue], kinds: list[Timer]) -> None:
+    def __init__(self, queue: TimeoutQueue, queues: Sequence[TimeoutQueue], kinds: list[Kind]) -> None:
         self.queue = queue
         self.queues = list({queue_name(each): each for each in queues}.values())
         self.kinds = kinds

@@ -34,7 +34,7 @@ from ..models import DeadLetter, PolicyFailed, TimeoutOrderMixin, policy_answer
 from ..ordermodel import get_order_model
 from ..scheduling import schedule
 from ..timers.deadlines import OutsideDeadlines
-from ..timers.kind import Timer
+from ..timers.kind import Kind
 from ..timers.registry import ORDER_TIMEOUT
 
 if TYPE_CHECKING:
@@ -106,11 +106,11 @@ class Redate:
 
     def __init__(self, *, where: Q | None = None, undated: bool = False,
                  model: type[TimeoutOrderMixin] | None = None, chunk_size: int | None = None,
-                 timer: Timer | None = None, progress: Progress | None = None) -> None:
+                 timer: Kind | None = None, progress: Progress | None = None) -> None:
         self.timer = timer
         self.progress = progress
         if timer is not None:
-            if type(timer).deadline_for is Timer.deadline_for:
+            if type(timer).deadline_for is Kind.deadline_for:
                 raise ImproperlyConfigured(f"{timer!r} declares no deadline_for(): there is nothing to re-date "
                                            "its rows from.")
             self.model = timer.model

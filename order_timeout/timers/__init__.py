@@ -14,7 +14,7 @@ For a shop, this is where a timer is declared (docs/timers.md)::
 ``values`` is the database's time of the act; ``registry`` lists the kinds.
 """
 
-from .kind import NOW, Timer
+from .declaration import NOW, Timer
 from .registry import AlreadyRegistered, register, registry
 
 __all__ = ["NOW", "AlreadyRegistered", "Timer", "register", "registry"]

@@ -35,12 +35,12 @@ from .outcome import Due, Key, Outcome
 from .receivers import ReceiverFailed, cause
 
 if TYPE_CHECKING:
-    from .kind import Timer
+    from .kind import Kind
 
 logger = logging.getLogger("order_timeout")
 
 
-def act_on(kind: Timer, keys: Sequence[Key], *, should_stop: Callable[[], bool] | None = None,
+def act_on(kind: Kind, keys: Sequence[Key], *, should_stop: Callable[[], bool] | None = None,
            progress: Callable[[], None] | None = None) -> Outcome:
     """Act on the keys among ``keys`` that are still due by the database's clock; report each.
 
@@ -146,7 +146,7 @@ def _databases(error: BaseException, using: str) -> bool:
             or (isinstance(error, DatabaseError) and not connections[using].is_usable()))
 
 
-def _act_outside(kind: Timer, keys: Sequence[Key], stopping: Callable[[], bool],
+def _act_outside(kind: Kind, keys: Sequence[Key], stopping: Callable[[], bool],
                  progress: Callable[[], None] | None) -> Outcome:
     """A kind that calls the outside world: lock, judge and ``begin`` in one short transaction, then
     ``deliver`` with none open, each key failing alone. Raises a database error only when the
@@ -183,7 +183,7 @@ def _act_outside(kind: Timer, keys: Sequence[Key], stopping: Callable[[], bool],
     return _moments_of_acted(outcome)
 
 
-def _lock_and_judge(kind: Timer, keys: Sequence[Key], manager: Any, outcome: Outcome) -> list[Due]:
+def _lock_and_judge(kind: Kind, keys: Sequence[Key], manager: Any, outcome: Outcome) -> list[Due]:
     """In the caller's transaction: lock the rows, sort the keys (``outcome``), the due ones."""
     due = kind.judge(keys, kind.lock(manager, kind.rows_of(keys)), outcome)
     if outcome.settled:
@@ -192,7 +192,7 @@ def _lock_and_judge(kind: Timer, keys: Sequence[Key], manager: Any, outcome: Out
     return due
 
 
-def _transaction(kind: Timer, keys: Sequence[Key], using: str, refused: dict[Key, BaseException] | None = None,
+def _transaction(kind: Kind, keys: Sequence[Key], using: str, refused: dict[Key, BaseException] | None = None,
                  progress: Callable[[], None] | None = None) -> Outcome:
     """One transaction: lock, re-check and act on ``keys``; ``refused``: the careful second pass."""
     outcome = Outcome()
@@ -237,7 +237,7 @@ def _transaction(kind: Timer, keys: Sequence[Key], using: str, refused: dict[Key
     return _moments_of_acted(outcome)
 
 
-def _one_by_one(kind: Timer, due: list[Due], now: Any, outcome: Outcome, using: str,
+def _one_by_one(kind: Kind, due: list[Due], now: Any, outcome: Outcome, using: str,
                 progress: Callable[[], None] | None) -> None:
     """Act on each key in a savepoint of its own, so a failing one fails alone."""
     for item in due:

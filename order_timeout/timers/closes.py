@@ -23,7 +23,7 @@ from ..models import HOLD_EXPIRED_REASON, TIMEOUT_REASON, TimeoutOrderMixin
 from ..ordermodel import get_order_model
 from ..queue.keys import CLOSE
 from ..signals import order_expired, order_keys_expired, orders_expired
-from .kind import Timer
+from .kind import Kind
 from .outcome import Due, Key, Outcome
 from .receivers import run_batch_receiver, run_receiver
 
@@ -31,7 +31,7 @@ from .receivers import run_batch_receiver, run_receiver
 _READING_THE_STATUS = ("awaits_payment", "is_unpaid", "timeout_status")
 
 
-class OnOrderModel(Timer):
+class OnOrderModel(Kind):
     """A kind the app declares on the order model: ``ORDER_MODEL`` (read each time, so a test or a
     shop may point it elsewhere), or the model given; its rows pending while unpaid, held by
     ``HOLD_CONDITION``, whose fit the consumer checks once (E013) for every such kind."""

@@ -31,15 +31,15 @@ from .kind import NOW
 from .syncing import follow, forget
 
 if TYPE_CHECKING:
-    from .kind import Timer
+    from .kind import Kind
 
 # Where an instance keeps, per timer, the deadline it was loaded with.
 SEEN = "_order_timeout_seen"
 # The timers that guard saves, by model: what a refresh notes again (``_note_again_on_refresh``).
-_GUARDING: dict[Any, list[Timer]] = {}
+_GUARDING: dict[Any, list[Kind]] = {}
 
 
-def follow_model(timer: Timer) -> None:
+def follow_model(timer: Kind) -> None:
     uid = f"order_timeout.timer.{timer.name}"
     model = timer.model
     if timer.deadline is not None:
@@ -62,7 +62,7 @@ def follow_model(timer: Timer) -> None:
         _note_again_on_refresh(model)
 
 
-def unfollow_model(timer: Timer) -> None:
+def unfollow_model(timer: Kind) -> None:
     uid = f"order_timeout.timer.{timer.name}"
     guarding = _GUARDING.get(timer.model, [])
     if timer in guarding:
@@ -72,7 +72,7 @@ def unfollow_model(timer: Timer) -> None:
         signal.disconnect(sender=timer.model, dispatch_uid=f"{uid}.{part}")
 
 
-def _noting(timer: Timer) -> Any:
+def _noting(timer: Kind) -> Any:
     field = timer.deadline
 
     def noted(sender: Any, instance: Any, **kwargs: Any) -> None:
@@ -81,7 +81,7 @@ def _noting(timer: Timer) -> Any:
     return noted
 
 
-def _saved(timer: Timer) -> Any:
+def _saved(timer: Kind) -> Any:
     field = timer.deadline
     assert field is not None  # a column: only such timers follow saves
 
@@ -98,7 +98,7 @@ def _saved(timer: Timer) -> Any:
     return saved
 
 
-def _noting_waits(timer: Timer) -> Any:
+def _noting_waits(timer: Kind) -> Any:
     follows = [_attname(timer.model, name) for name in timer.deadline_follows]
 
     def noted(sender: Any, instance: Any, **kwargs: Any) -> None:
@@ -112,7 +112,7 @@ def _noting_waits(timer: Timer) -> Any:
     return noted
 
 
-def _saved_outside(timer: Timer) -> Any:
+def _saved_outside(timer: Kind) -> Any:
     from .deadlines import OutsideDeadlines
 
     store = timer.deadlines
@@ -144,7 +144,7 @@ def _saved_outside(timer: Timer) -> Any:
     return saved
 
 
-def _deleted_outside(timer: Timer) -> Any:
+def _deleted_outside(timer: Kind) -> Any:
     from .deadlines import OutsideDeadlines
 
     store = timer.deadlines
@@ -156,7 +156,7 @@ def _deleted_outside(timer: Timer) -> Any:
     return deleted
 
 
-def _deleted(timer: Timer) -> Any:
+def _deleted(timer: Kind) -> Any:
     def deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
         forget([timer], [instance])
 
@@ -168,7 +168,7 @@ def _attname(model: Any, name: str) -> str:
     return str(getattr(model._meta.get_field(name), "attname", name))
 
 
-def _act_written(timer: Timer) -> dict[str, Any]:
+def _act_written(timer: Kind) -> dict[str, Any]:
     """What the act writes that a row can be compared with (``values`` but ``NOW``), by attname."""
     return {_attname(timer.model, name): value for name, value in timer.values.items() if value is not NOW}
 
@@ -181,7 +181,7 @@ def _acted(written: dict[str, Any], instance: Any) -> bool | None:
     return all(loaded[name] == value for name, value in written.items())
 
 
-def _noting_acted(timer: Timer) -> Any:
+def _noting_acted(timer: Kind) -> Any:
     """post_init, post_save (and a refresh): whether the row in hand was acted on when it was read."""
     written = _act_written(timer)
 
@@ -217,7 +217,7 @@ def _note_again_on_refresh(model: Any) -> None:
 UPDATE_HOOK = "_do_update"
 
 
-def _guarding(timer: Timer) -> Any:
+def _guarding(timer: Kind) -> Any:
     """pre_save: a save of a row read before the act, writing what the act wrote, is conditional
     on the row still not acted on: ``... WHERE pk = %s AND NOT (<what the act writes>)``. One
     statement, so no lock is needed for it, in a transaction or not; when it matches no row that
@@ -252,7 +252,7 @@ def _guarding(timer: Timer) -> Any:
     return guard
 
 
-def _guard(timer: Timer) -> Any:
+def _guard(timer: Kind) -> Any:
     """pre_save: refuse to move a row the timer acted on away from what its act wrote."""
     written = {name: value for name, value in timer.values.items() if value is not NOW}
 

@@ -23,7 +23,6 @@ from .members import datetime_of_score
 from .outcome import Key
 
 
-
 class Buries(Protocol):
     """What writing a kind's dead letters needs of it: whose rows, which are still pending."""
 

@@ -1,27 +1,14 @@
-"""A kind of timer: what one timed transition says, and only what differs between kinds.
+"""A kind of timer as the engine reads it: what the lifecycle asks of every kind, written once.
 
-The lifecycle (claim -> lock by the database's clock -> re-check -> act ->
-settle: ack, reschedule, busy, held, retry with backoff, takeover limit, give
-up, watchdog, one-by-one fallback) is written once, in ``acting`` and
-``lifecycle``. A kind says which rows, where their deadlines live, the
-re-check, the act, and what giving up records. The order close
-(``closes.OrderTimeout``) and the reminders (``reminders.Reminders``) are
-kinds; so is any transition a shop declares::
-
-    # shop/timers.py (found by the app at start-up, as admin.py is)
-    from django.db.models import Q
-    from order_timeout import timers
-
-    @timers.register(StockReservation)
-    class ReservationLapses(timers.Timer):
-        name = "reservation-lapses"
-        deadline = "expires_at"                 # a column of the model (None: the app's own table)
-        pending = Q(state="held")               # the row must still meet it under its lock
-        values = {"state": "released", "released_at": timers.NOW}   # one UPDATE per batch
-        hold = Q(checkout__state="completing")  # optional: held, looked at again
-
-        def fire(self, rows, now):              # optional: in the same transaction
-            release_stock(rows)
+The lifecycle (claim -> lock by the database's clock -> judge -> act -> settle:
+ack, reschedule, busy, held, retry with backoff, takeover limit, give up,
+watchdog, one-by-one fallback) lives in ``lifecycle`` and ``acting``; a
+``Kind`` answers its questions: which rows, where their deadlines live, how
+members name them, the judge under the lock, the act, what giving up records.
+The app's own kinds subclass it (``closes.OrderTimeout``, ``reminders.Reminders``,
+``notices.Notices``); a timer a shop declares (``declaration.Timer``) is read
+through ``Declared``, which takes its attributes and hooks from the declaration
+and nothing else from it.
 """
 
 from __future__ import annotations
@@ -39,76 +26,50 @@ from ..db.columns import auto_now_values
 from ..db.keys import KeysIn
 from ..db.locks import LockedOrders, lock_orders
 from .deadlines import ColumnDeadlines, DeadlineStore, OutsideDeadlines
+from .declaration import NOW, SETTING, Timer
 from .members import deadline_score, integer_keys, now_score, order_member, parse_member
 from .outcome import Due, Key, Outcome
 from .receivers import run_batch_receiver
 
-# What a kind may declare that reads its rows as the model's instances.
+# Hooks that read a batch's rows as the model's instances: a kind that has its own takes them.
 _TAKING_INSTANCES = ("fire", "is_pending", "judge", "act")
 
 
-class _Now:
-    """In ``Timer.values``: the database's time when the rows were locked."""
+class Kind:
+    """One kind of timed transition, as the lifecycle reads it; the defaults are a plain timer's."""
 
-    def __repr__(self) -> str:
-        return "timers.NOW"
+    # -- what it moves: docs/timers.md says what each means (a declared timer's come from its
+    # declaration, ``declaration.Timer``; the app's kinds set or compute their own) -------------
 
-
-NOW = _Now()
-# ``Timer.max_hold`` left to the setting ``MAX_HOLD``.
-SETTING = object()
-
-
-class Timer:
-    """A timed transition of one model's rows; subclass it, say what differs, ``register`` it."""
-
-    # -- the declaration (what a shop writes) -------------------------------------------------
-
-    # The model whose rows it moves (set by ``register``).
     model: ClassVar[type[models.Model]]
-    # Unique among the timers; the Redis keys' namespace ({prefix}:<name>:pending) and the
-    # kind a dead letter names. Letters, digits and _ . -.
     name: ClassVar[str] = ""
-    # The DateTimeField holding each row's deadline; None: deadlines live in the app's own
-    # table (order_timeout.Deadline), set with ``set_deadline()``, for a model you cannot migrate.
     deadline: ClassVar[str | None] = "expires_at"
-    # What the row must still meet, under its lock, to be acted on (a Q over the model).
     pending: ClassVar[Q] = Q()
-    # Written by one conditional UPDATE per batch; ``NOW`` is the database's time.
     values: ClassVar[Mapping[str, Any]] = {}
-    # A due row that meets this is held (left as it is, looked at again every HOLD_RECHECK)
-    # until ``max_hold`` seconds past its deadline. None: nothing holds.
     hold: ClassVar[Q | None] = None
     max_hold: ClassVar[Any] = SETTING
-    # A pending row that meets this is settled all the same (paid by another column): never acted
-    # on, never held toward its longest hold, a figure of its own in the status command.
     settled: ClassVar[Q | None] = None
-    # What ``values`` writes is final: a save that moves an acted-on row away from it raises
-    # ``order_timeout.exceptions.OrderClosed`` (the model's own save path; no edit of the model).
     final: ClassVar[bool] = False
-    # Saves that do not lock: a save of a row loaded before the act, that would write over what
-    # the act wrote, is refused with ``order_timeout.exceptions.StaleOrderStatus`` (its UPDATE is
-    # conditional on the row not acted on), so a stale read never undoes an act. A row read after
-    # the act saves as before (a late payment, a reopening): the shop's own path.
     guard_saves: ClassVar[bool] = False
-    # For ``deadline = None`` with ``deadline_for``: the fields a row's deadline follows. A save of
-    # a waiting row that changes one asks ``deadline_for`` again (an unindexed framework column,
-    # mirrored into the app's indexed table, that the shop extends).
     deadline_follows: ClassVar[tuple[str, ...]] = ()
+    # A kind whose work follows the others' commits (the notices: a close's e-mail) says so: its
+    # due members step aside for another kind's backlog (a burst: claims that come back full),
+    # for ``lanes.YIELD_SECONDS`` at most, so a burst of closes is not slowed by the deliveries it
+    # starts, and they still never starve; with a trickle they take turns as any kinds do.
+    yields: ClassVar[bool] = False
 
     def deadline_for(self, row: Any) -> datetime | None:
-        """For a timer whose deadlines live in the app's table (``deadline = None``): the deadline
-        a row gets when a save makes it wait (created waiting, or moved into ``waits``), e.g. its
-        creation time plus its channel's window. None, the default: no deadline by itself (the
-        shop calls ``set_deadline()``). ``order_timeout_redate --timer`` asks it again."""
+        """The deadline a save gives a row that starts waiting (``deadline = None``); None: none."""
         return None
 
     def fire(self, rows: list[Any], now: datetime) -> None:
-        """Called once per batch after the UPDATE, in the same transaction (``rows``: the locked
-        instances, ``values`` applied). Raising fails the batch, which is then acted on again a
-        row at a time, so a failing row fails alone."""
+        """The batch's receiver, after the UPDATE, in the same transaction."""
 
-    # -- how the lifecycle reads it (the built-in kinds override some) -----------------------
+    def waits(self, row: Any) -> bool:
+        """Whether a row in hand may still be acted on (its loaded fields; the lock decides)."""
+        return True
+
+    # -- how the lifecycle reads it (the app's kinds override some) ---------------------------
 
     # The queue's kind of timer in Redis (the key namespace); the name unless a kind says so.
     queue_name: ClassVar[str | None] = None
@@ -119,11 +80,6 @@ class Timer:
     # Most members one claim of this kind takes (None: BATCH_SIZE): a kind whose act waits on
     # the outside world takes no more than it acts on at once.
     claim_limit: ClassVar[int | None] = None
-    # A kind whose work follows the others' commits (the notices: a close's e-mail) says so: its
-    # due members step aside for another kind's backlog (a burst: claims that come back full),
-    # for ``lanes.YIELD_SECONDS`` at most, so a burst of closes is not slowed by the deliveries it
-    # starts, and they still never starve; with a trickle they take turns as any kinds do.
-    yields: ClassVar[bool] = False
     # A kind's own words for the lifecycle's outcomes, in log lines and reports.
     labels: ClassVar[Mapping[str, str]] = {}
 
@@ -225,7 +181,7 @@ class Timer:
 
     def keys_of(self, members: Sequence[str]) -> tuple[dict[Key, str], list[str]]:
         """Each member by the key it names, and the members that name none (for the quarantine)."""
-        if type(self).parser is Timer.parser:
+        if type(self).parser is Kind.parser:
             keys = integer_keys(self.model, members)
             if keys is not None:
                 return dict(zip(keys, members, strict=True)), []
@@ -245,7 +201,7 @@ class Timer:
 
     def rows_of(self, keys: Sequence[Key]) -> list[Any]:
         """``row_of`` each key (the keys themselves, when they are the rows' keys)."""
-        return list(keys) if type(self).row_of is Timer.row_of else [self.row_of(key) for key in keys]
+        return list(keys) if type(self).row_of is Kind.row_of else [self.row_of(key) for key in keys]
 
     def follow(self, row: Any) -> tuple[dict[str, int], list[str]]:
         """What Redis must hold for ``row`` as it is now: ``({member: score}, [members to forget])``."""
@@ -255,17 +211,10 @@ class Timer:
             return {}, [member]
         return {member: deadline_score(deadline)}, []
 
-    def waits(self, row: Any) -> bool:
-        """Whether a row in hand may still be acted on: a cheap look at its loaded fields (no
-        query), which the re-check under the lock decides for good. True: every row with a
-        deadline is scheduled. A timer with ``deadline_for`` says here when a row starts and
-        stops waiting (``row.status == "unconfirmed"``)."""
-        return True
-
     @property
     def follows_saves(self) -> bool:
         """Whether saves give rows their deadlines (``deadline_for`` declared on an outside timer)."""
-        return self.deadline is None and type(self).deadline_for is not Timer.deadline_for
+        return False
 
     def scores(self, rows: Sequence[tuple[Any, datetime]]) -> dict[str, int]:
         """The members and scores of rows ``(pk, deadline)`` waiting for their deadline."""
@@ -289,7 +238,7 @@ class Timer:
         Otherwise the rows are locked as their keys and the columns the re-check reads, and no
         instance is built. Asked once a batch."""
         # Asked of this instance: a method set on it (a test's, a plugin's) counts as declared.
-        return any(getattr(getattr(self, name), "__func__", None) is not getattr(Timer, name)
+        return any(getattr(getattr(self, name), "__func__", None) is not getattr(Kind, name)
                    for name in _TAKING_INSTANCES)
 
     def lock(self, manager: Any, pks: Sequence[Any]) -> LockedOrders:
@@ -449,3 +398,49 @@ class Timer:
             return 0
         pending = self.model._base_manager.db_manager(self.using).filter(self.pending)
         return int(pending.filter(pk__in=self.model._base_manager.filter(settled).values("pk")).count())
+
+
+class Declared(Kind):
+    """A timer a shop declared, as the engine reads it: what it moves, its hooks and its name all
+    come from the declaration (an instance of the shop's ``Timer`` subclass), read each time."""
+
+    def __init__(self, declaration: Timer) -> None:
+        self.declaration = declaration
+        declaration._kind = self  # what its schedule(), unschedule() and set_deadline() go through
+        super().__init__()
+
+    model = property(lambda self: type(self.declaration).model)  # type: ignore[assignment]
+    name = property(lambda self: self.declaration.name)  # type: ignore[assignment]
+    deadline = property(lambda self: self.declaration.deadline)  # type: ignore[assignment]
+    pending = property(lambda self: self.declaration.pending)  # type: ignore[assignment]
+    values = property(lambda self: self.declaration.values)  # type: ignore[assignment]
+    hold = property(lambda self: self.declaration.hold)  # type: ignore[assignment]
+    max_hold = property(lambda self: self.declaration.max_hold)  # type: ignore[assignment]
+    settled = property(lambda self: self.declaration.settled)  # type: ignore[assignment]
+    final = property(lambda self: self.declaration.final)  # type: ignore[assignment]
+    guard_saves = property(lambda self: self.declaration.guard_saves)  # type: ignore[assignment]
+    deadline_follows = property(lambda self: self.declaration.deadline_follows)  # type: ignore[assignment]
+    yields = property(lambda self: self.declaration.yields)  # type: ignore[assignment]
+
+    def fire(self, rows: list[Any], now: datetime) -> None:
+        self.declaration.fire(rows, now)
+
+    def waits(self, row: Any) -> bool:
+        return self.declaration.waits(row)
+
+    def deadline_for(self, row: Any) -> datetime | None:
+        return self.declaration.deadline_for(row)
+
+    @property
+    def declares_fire(self) -> bool:
+        """Whether the shop wrote a ``fire()`` (a receiver of the batch's instances)."""
+        return type(self.declaration).fire is not Timer.fire
+
+    @property
+    def follows_saves(self) -> bool:
+        return self.deadline is None and type(self.declaration).deadline_for is not Timer.deadline_for
+
+    def takes_instances(self) -> bool:
+        """Instances when the shop's ``fire()`` takes them, or a hook was set on this kind itself
+        (a test's, a plugin's: it may read any field)."""
+        return self.declares_fire or any(name in self.__dict__ for name in _TAKING_INSTANCES)

@@ -34,7 +34,7 @@ from .outcome import Key, Outcome, Report
 from .retrying import Retrier
 
 if TYPE_CHECKING:
-    from .kind import Timer
+    from .kind import Kind
 
 logger = logging.getLogger("order_timeout")
 
@@ -57,7 +57,7 @@ class Clock(Protocol):
 
 
 class Metrics(Protocol):
-    def record(self, kind: Timer, counts: dict[str, int], seconds: float, lateness: Iterator[float]) -> None: ...
+    def record(self, kind: Kind, counts: dict[str, int], seconds: float, lateness: Iterator[float]) -> None: ...
 
 
 class Lifecycle:
@@ -71,7 +71,7 @@ class Lifecycle:
         self.retrier = Retrier(retry_delays_ms=retry_delays_ms, lease_ms=lease_ms)
         self.max_takeovers = max_takeovers
 
-    def process(self, kind: Timer, queue: TimeoutQueue, claim: Claim, now: datetime, *,
+    def process(self, kind: Kind, queue: TimeoutQueue, claim: Claim, now: datetime, *,
                 ack: Callable[[str, list[str]], Any] | None = None) -> Report:
         """``ack(token, members)``: how the batch's done members are acked once it committed (the
         consumer's: with its next claim); ``queue.ack`` at once by default."""
@@ -96,7 +96,7 @@ class Lifecycle:
     # -- reading the members ------------------------------------------------------------------
 
     @staticmethod
-    def _read(kind: Timer, queue: TimeoutQueue, claim: Claim, now: datetime) -> tuple[dict[Key, str], list[str]]:
+    def _read(kind: Kind, queue: TimeoutQueue, claim: Claim, now: datetime) -> tuple[dict[Key, str], list[str]]:
         """Each member's key; those that name none go to the quarantine (logged once)."""
         by_key, malformed = kind.keys_of(claim.members)
         if malformed:
@@ -107,7 +107,7 @@ class Lifecycle:
 
     # -- settling in Redis ----------------------------------------------------------------------
 
-    def _settle(self, kind: Timer, queue: TimeoutQueue, token: str, outcome: Outcome, by_key: dict[Key, str],
+    def _settle(self, kind: Kind, queue: TimeoutQueue, token: str, outcome: Outcome, by_key: dict[Key, str],
                 now: datetime, report: Report, ack: Callable[[str, list[str]], Any]) -> None:
         now_ms = now_score(now)
         if outcome.missing:
@@ -135,7 +135,7 @@ class Lifecycle:
         report.failed, report.abandoned = len(outcome.failed), len(outcome.abandoned)
         report.dropped += len(outcome.missing)
 
-    def _give_up_taken_over(self, kind: Timer, queue: TimeoutQueue, claim: Claim, by_key: dict[Key, str],
+    def _give_up_taken_over(self, kind: Kind, queue: TimeoutQueue, claim: Claim, by_key: dict[Key, str],
                             now: datetime, report: Report) -> Report:
         """A member whose consumers kept dying with it: given up, not tried again.
 

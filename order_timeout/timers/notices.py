@@ -35,7 +35,7 @@ from ..models import Notice
 from ..notices.delivery import Delivery, Rejected
 from ..notices.registry import handlers
 from ..queue.keys import NOTICE
-from .kind import Timer
+from .kind import Kind
 from .outcome import Due, Key, Outcome
 
 logger = logging.getLogger("order_timeout")
@@ -48,7 +48,7 @@ logger = logging.getLogger("order_timeout")
 DELIVERIES_AT_ONCE = 32
 
 
-class Notices(Timer):
+class Notices(Kind):
     name = "notices"
     queue_name = NOTICE
     deadline = "due_at"

@@ -21,7 +21,8 @@ from django.db import models
 
 from ..conf import settings
 from .closes import OrderTimeout
-from .kind import NOW, Timer
+from .declaration import NOW, Timer
+from .kind import Declared, Kind
 from .notices import Notices
 from .reminders import Reminders
 
@@ -42,7 +43,7 @@ class AlreadyRegistered(ImproperlyConfigured):
 
 class TimerRegistry:
     def __init__(self) -> None:
-        self._declared: dict[str, Timer] = {}
+        self._declared: dict[str, Kind] = {}
 
     def register(self, model: type[models.Model], timer_class: type[Timer] | None = None) -> Any:
         """Declare ``timer_class`` for ``model``; with no class, a decorator (``@register(Model)``)."""
@@ -68,16 +69,16 @@ class TimerRegistry:
 
         unfollow_model(timer)
 
-    def declared(self) -> list[Timer]:
+    def declared(self) -> list[Kind]:
         """The timers shops declared, in the order they were."""
         return list(self._declared.values())
 
-    def kinds(self) -> list[Timer]:
+    def kinds(self) -> list[Kind]:
         """Every kind a consumer serves: the order close (unless ORDER_MODEL is None), the reminders
         when REMINDERS asks for any, then every declared timer."""
         return [*order_kinds(), *self.reported()]
 
-    def kinds_for(self, model: Any = None, kinds: list[Timer] | None = None) -> list[Timer]:
+    def kinds_for(self, model: Any = None, kinds: list[Kind] | None = None) -> list[Kind]:
         """``kinds`` (default ``kinds()``), the order close and its reminders on ``model`` (None:
         ORDER_MODEL)."""
         kinds = self.kinds() if kinds is None else kinds
@@ -86,17 +87,17 @@ class TimerRegistry:
         return [OrderTimeout(model) if kind is ORDER_TIMEOUT else Reminders(model) if kind is REMINDERS else kind
                 for kind in kinds]
 
-    def reported(self) -> list[Timer]:
+    def reported(self) -> list[Kind]:
         """The kinds reported by name beside the order close: every declared timer, and the notices
         once a handler is declared."""
         from ..notices.registry import handlers
 
         return [*self._declared.values(), *([NOTICES] if handlers else [])]
 
-    def of_model(self, model: type[models.Model]) -> list[Timer]:
+    def of_model(self, model: type[models.Model]) -> list[Kind]:
         return [timer for timer in self._declared.values() if timer.model is model]
 
-    def get(self, name: str) -> Timer:
+    def get(self, name: str) -> Kind:
         """The kind named ``name`` ("" is the order close); ``LookupError`` if there is none."""
         if name == ORDER_TIMEOUT.name:
             return ORDER_TIMEOUT
@@ -120,7 +121,7 @@ def _fields_of(model: type[models.Model], names: Any, attribute: str) -> None:
                                        f"{model._meta.label}.") from None
 
 
-def order_kinds() -> list[Timer]:
+def order_kinds() -> list[Kind]:
     """The kinds on the order model: the close, and the reminders if any are asked for; none
     when ORDER_MODEL is None (a project whose only timers are declared ones)."""
     if not settings.closes_orders():
@@ -128,7 +129,7 @@ def order_kinds() -> list[Timer]:
     return [ORDER_TIMEOUT, *([REMINDERS] if settings.REMINDERS else [])]
 
 
-def _declared(model: type[models.Model], timer_class: type[Timer]) -> Timer:
+def _declared(model: type[models.Model], timer_class: type[Timer]) -> Kind:
     """An instance of ``timer_class`` for ``model``, its declaration checked; ImproperlyConfigured
     naming the class and the attribute otherwise."""
     where = f"{timer_class.__module__}.{timer_class.__qualname__}"
@@ -169,7 +170,7 @@ def _declared(model: type[models.Model], timer_class: type[Timer]) -> Timer:
                                    "it would do nothing at its deadline.")
     timer_class.model = model
     timer_class.name = name
-    return timer_class()
+    return Declared(timer_class())
 
 
 registry = TimerRegistry()

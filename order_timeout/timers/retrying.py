@@ -23,7 +23,7 @@ from .outcome import Key
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from .kind import Timer
+    from .kind import Kind
 
 logger = logging.getLogger("order_timeout")
 
@@ -35,7 +35,7 @@ class Retrier:
         self.retry_delays_ms = retry_delays_ms
         self.lease_ms = lease_ms
 
-    def delays_of(self, kind: Timer) -> list[int]:
+    def delays_of(self, kind: Kind) -> list[int]:
         """The kind's own retry delays (the notices': NOTICE_RETRY_DELAYS), else RETRY_DELAYS."""
         own = kind.retry_delays()
         return self.retry_delays_ms if own is None else [round(1000 * delay) for delay in own]
@@ -47,7 +47,7 @@ class Retrier:
         return cls(retry_delays_ms=[round(1000 * delay) for delay in settings.RETRY_DELAYS],
                    lease_ms=round(1000 * settings.LEASE_SECONDS))
 
-    def retry_or_give_up(self, kind: Timer, queue: TimeoutQueue, token: str, failed: dict[Key, BaseException],
+    def retry_or_give_up(self, kind: Kind, queue: TimeoutQueue, token: str, failed: dict[Key, BaseException],
                          by_key: dict[Key, str], now: datetime) -> int:
         """Back off each failed key; past the last delay, give it up (its kind records it) and let go."""
         if not failed:
@@ -73,7 +73,7 @@ class Retrier:
             )
         return len(self.give_up(kind, queue, token, dead, by_key, now).buried) if dead else 0
 
-    def give_up(self, kind: Timer, queue: TimeoutQueue, token: str, dead: list[Failure], by_key: dict[Key, str],
+    def give_up(self, kind: Kind, queue: TimeoutQueue, token: str, dead: list[Failure], by_key: dict[Key, str],
                 now: datetime) -> Burial:
         """Record the give-up of the keys still pending, then let every member go.
 

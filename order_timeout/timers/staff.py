@@ -24,7 +24,7 @@ from ..models import DeadLetter
 from ..queue import TimeoutQueue
 from .acting import act_on
 from .giving_up import describe, letters_database
-from .kind import Timer
+from .kind import Kind
 from .members import deadline_score
 from .registry import registry
 
@@ -33,7 +33,7 @@ from .registry import registry
 STAFF_CHUNK = 100
 
 
-def _open_by_kind(letters: Iterable[DeadLetter]) -> Iterator[tuple[Timer, list[DeadLetter]]]:
+def _open_by_kind(letters: Iterable[DeadLetter]) -> Iterator[tuple[Kind, list[DeadLetter]]]:
     """The open letters, by kind, in chunks of at most ``STAFF_CHUNK``."""
     grouped: dict[tuple[str, str], list[DeadLetter]] = defaultdict(list)
     for letter in letters:
@@ -61,7 +61,7 @@ def _resolve(letter: DeadLetter, resolution: str, user: Any, now: datetime) -> b
     return bool(resolved)
 
 
-def resolve_settled(kind: Timer, acted: Sequence[Any], settled: Sequence[Any], now: datetime) -> None:
+def resolve_settled(kind: Kind, acted: Sequence[Any], settled: Sequence[Any], now: datetime) -> None:
     """Resolve the open letters of rows acted on or settled outside the admin (by the scan)."""
     for pks, resolution in ((acted, DeadLetter.Resolution.CLOSED), (settled, DeadLetter.Resolution.SETTLED)):
         if pks:
@@ -71,7 +71,7 @@ def resolve_settled(kind: Timer, acted: Sequence[Any], settled: Sequence[Any], n
             ).update(resolution=resolution, resolved_at=now)
 
 
-def _key(kind: Timer, letter: DeadLetter) -> Any:
+def _key(kind: Kind, letter: DeadLetter) -> Any:
     return kind.model._meta.pk.to_python(letter.order_id)
 
 

@@ -24,7 +24,6 @@ from ..queue import TimeoutQueue
 from ..redaction import masked
 
 
-
 class Follows(Protocol):
     """What a kind says Redis must hold for a row: its members and scores, or members to drop."""
 

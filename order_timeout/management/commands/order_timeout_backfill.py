@@ -12,7 +12,7 @@ from order_timeout.exceptions import OrderTimeoutError
 from order_timeout.scans.backfill import Backfill, BackfillPlan, TimerBackfill, TimerBackfillPlan
 from order_timeout.scans.compensation import Progress
 from order_timeout.scans.redate import Redate
-from order_timeout.timers.kind import Timer
+from order_timeout.timers.kind import Kind
 from order_timeout.timers.registry import registry
 
 from ..progress import terminal_progress
@@ -74,7 +74,7 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         return summary(plan, "unpaid orders without a deadline")
 
-    def _timer(self, timer: Timer, *, dry_run: bool, progress: Progress | None) -> str:
+    def _timer(self, timer: Kind, *, dry_run: bool, progress: Progress | None) -> str:
         try:
             backfill = TimerBackfill(timer, progress=progress)
             plan = backfill.plan() if dry_run else backfill.run()
@@ -99,7 +99,7 @@ class Command(BaseCommand):
         return "\n".join(lines)
 
 
-def declared_timer(name: str) -> Timer:
+def declared_timer(name: str) -> Kind:
     """The declared timer named ``name``; a CommandError naming those there are otherwise (the
     order close is this command without --timer)."""
     declared = {timer.name: timer for timer in registry.declared()}
@@ -110,7 +110,7 @@ def declared_timer(name: str) -> Timer:
     return declared[name]
 
 
-def timer_summary(plan: TimerBackfillPlan, timer: Timer) -> str:
+def timer_summary(plan: TimerBackfillPlan, timer: Kind) -> str:
     """A timer's backfill in words, for people."""
     would = "would be " if plan.dry_run else ""
     lines = [f"{plan.examined} {pending_rows(timer)} have a deadline; {plan.scheduled} {would}put in Redis, "

@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from order_timeout.exceptions import OrderTimeoutError
 from order_timeout.scans.redate import Redate, RedatePlan, rows_filter
-from order_timeout.timers.kind import Timer
+from order_timeout.timers.kind import Declared, Kind
 from order_timeout.timers.registry import ORDER_TIMEOUT, registry
 
 from ..progress import terminal_progress
@@ -55,17 +55,18 @@ class Command(BaseCommand):
         self.stdout.write(json.dumps(plan.as_dict(), default=str) if options["json"] else summary(plan, timer=timer))
 
 
-def pending_rows(timer: Timer) -> str:
+def pending_rows(timer: Kind) -> str:
     """A timer's rows in words: "pending stock reservations of timer reservation-lapses"."""
     return f"pending {timer.model._meta.verbose_name_plural} of timer {timer.name}"
 
 
-def acted_on_at_once(timer: Timer | None) -> str:
+def acted_on_at_once(timer: Kind | None) -> str:
     """What becomes of rows scheduled past their deadline, naming what runs for them: the order
     close's ``order_expired``, or the timer's own ``values`` and ``fire()``."""
     if timer is None:
         return "the consumer closes them as soon as they are scheduled (order_expired fires for each)"
-    receiver = f"{type(timer).__name__}.fire() runs for them" if type(timer).fire is not Timer.fire else ""
+    declares_fire = isinstance(timer, Declared) and timer.declares_fire
+    receiver = f"{type(timer.declaration).__name__}.fire() runs for them" if declares_fire else ""
     if timer.values and receiver:
         acts = f"its values are written and {receiver}"
     elif receiver:
@@ -75,7 +76,7 @@ def acted_on_at_once(timer: Timer | None) -> str:
     return f"the consumer acts on them as soon as they are scheduled (timer {timer.name}: {acts})"
 
 
-def summary(plan: RedatePlan, what: str | None = None, *, timer: Timer | None = None) -> str:
+def summary(plan: RedatePlan, what: str | None = None, *, timer: Kind | None = None) -> str:
     """A plan in words, for people; ``timer``: a declared timer's re-date (None: the orders')."""
     would = "would" if plan.dry_run else "did"
     what = what or ("open orders" if timer is None else pending_rows(timer))
