@@ -353,7 +353,7 @@ class Consumer:
     def _log(self, kind: Timer, report: Report, started: float) -> None:
         fields = {**self.stats.of(kind.name).named(report),
                   "elapsed_ms": round((time.perf_counter() - started) * 1000, 1)}
-        what = kind.log_name
+        what = kind.label
         logger.info(what + " " + " ".join(f"{name}=%s" for name in fields), *fields.values(),
                     extra={kind.log_extra: fields})
 

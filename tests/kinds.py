@@ -200,7 +200,7 @@ class Case:
 class CloseCase(Case):
     """The order close, on ``ORDER_MODEL`` (the app's ``Order``, or the shop's ``ShopOrder``)."""
 
-    log_line = r"order_timeout batch claimed=\d+ closed=(\d+)"
+    log_line = r"order_timeout close claimed=\d+ closed=(\d+)"
 
     def __init__(self, settings: Any, clock: Callable[[], datetime], monkeypatch: Any,
                  order_model: str = "order_timeout.Order") -> None:
@@ -385,7 +385,7 @@ class DeclaredCase(Case):
     acted_q: ClassVar[Q]
 
     def logged_acts(self, log: str) -> int:
-        line = rf"order_timeout timer {re.escape(self.name)} claimed=\d+ acted=(\d+)"
+        line = rf"order_timeout {re.escape(self.name)} claimed=\d+ acted=(\d+)"
         return sum(int(n) for n in re.findall(line, log))
 
     def _make(self, count: int, moment: datetime) -> list[Any]:

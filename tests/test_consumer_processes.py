@@ -216,4 +216,4 @@ def test_the_command_logs_beside_a_shops_own_logging_and_never_twice(consumer_pr
 
     assert code == 0, err
     assert err.count("shop: released the stock of order") == 1
-    assert "INFO order_timeout batch claimed=1 closed=1" in err  # the command's own handler
+    assert "INFO order_timeout close claimed=1 closed=1" in err  # the command's own handler

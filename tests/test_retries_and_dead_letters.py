@@ -270,9 +270,10 @@ def test_each_batch_and_each_failure_is_logged_in_one_line(short_retries, failin
     with caplog.at_level(logging.INFO, logger="order_timeout"):
         consumer().run(once=True)
 
-    batches = [r for r in caplog.records if r.getMessage().startswith("batch ")]
+    batches = [r for r in caplog.records if r.getMessage().startswith("close claimed=")]
     failures = [r for r in caplog.records if r.getMessage().startswith("close failed ")]
     assert len(batches) == 1 and len(failures) == 1
+    assert failures[0].exc_info is None  # one line: the traceback goes with the give-up, and at DEBUG
     assert batches[0].batch == {**batches[0].batch, "claimed": 2, "closed": 1, "skipped_paid": 0,
                                 "rescheduled": 0, "failed": 1, "dead_lettered": 0}
     assert "elapsed_ms=" in batches[0].getMessage()

@@ -11,12 +11,10 @@ cannot stall the rest.
 from __future__ import annotations
 
 import logging
-import random
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
@@ -24,20 +22,13 @@ from django.db import connections, router
 from django.db.models import Case, DateTimeField, Exists, OuterRef, Q, When
 
 from ..conf import settings
-from .errors import is_lock_conflict
 from .keys import KeysIn
 from .session import DatabaseNow, as_read, database_now
 from .templates import Compiled, compiled
 
 logger = logging.getLogger("order_timeout")
 
-# A lock conflict is tried again at once this many times in all, pausing a
-# random 5-50 ms (times the attempt) in between so two colliding transactions
-# do not collide again in step.
-LOCK_CONFLICT_ATTEMPTS = 5
-LOCK_CONFLICT_PAUSE = (0.005, 0.05)
 
-T = TypeVar("T")
 
 
 @dataclass
@@ -225,34 +216,3 @@ def validate_conditions(model: Any, using: str | None = None) -> None:
         problem = None if condition is None else compiles(model, condition, using)
         if problem:
             raise ImproperlyConfigured(f"ORDER_TIMEOUT[{key!r}] does not fit {model._meta.label}: {problem}")
-
-
-class StillConflicting(Exception):
-    """Every immediate retry met a lock conflict too."""
-
-
-class Stopped(Exception):
-    """The caller asked to stop before a retry."""
-
-
-def retrying_lock_conflicts(using: str, act: Callable[[], T], stopping: Callable[[], bool],
-                            what: str = "closing") -> T:
-    """Run ``act`` (a whole transaction); on a lock conflict, wait a few random ms and run it again.
-
-    Raises ``StillConflicting`` when every attempt conflicted, ``Stopped``
-    when the caller asked to stop between attempts.
-    """
-    connection = connections[using]
-    for attempt in range(1, LOCK_CONFLICT_ATTEMPTS + 1):
-        try:
-            return act()
-        except Exception as exc:
-            if not is_lock_conflict(exc) or connection.in_atomic_block:
-                raise
-            logger.info("Lock conflict while %s (%s); trying again at once (%d/%d).",
-                        what, exc, attempt, LOCK_CONFLICT_ATTEMPTS)
-            if stopping():
-                raise Stopped from exc
-            if attempt < LOCK_CONFLICT_ATTEMPTS:
-                time.sleep(random.uniform(*LOCK_CONFLICT_PAUSE) * attempt)
-    raise StillConflicting

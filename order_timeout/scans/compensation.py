@@ -410,9 +410,12 @@ class CompensationScan:
                 logger.warning("compensation scan could not count its failures in Redis (%s); the next scan "
                                "tries them again", unavailable)
         for key, error in unsettled.items():
-            # Without Redis nothing counts the tries: the next scan tries again, and says so again.
-            logger.error("compensation scan could not act on %s (%s) error=%s: %s", kind.describe(key),
-                         kind.label, type(error).__name__, error, exc_info=error)
+            # Without Redis nothing counts the tries: the next scan tries again, and says so again,
+            # in one line (the traceback at DEBUG).
+            logger.error("compensation scan could not act on %s (%s) error=%s: %s; the next scan tries again",
+                         kind.describe(key), kind.label, type(error).__name__, error)
+            logger.debug("compensation scan could not act on %s (%s): its traceback", kind.describe(key),
+                         kind.label, exc_info=error)
 
     def _watch(self, size: int) -> AbstractContextManager[Watchdog | None]:
         """Exit the process when one row's receivers keep the chunk for longer than a lease.

@@ -61,6 +61,8 @@ class QueueRecovery:
         self.queue = queue
         self.queues = list({queue_name(each): each for each in queues}.values())
         self.kinds = kinds
+        # Each queue in a log line by its kind's name: close, reminders, notices, a timer's name.
+        self.names = {kind.key_space: kind.label for kind in kinds}
 
     def run(self) -> bool:
         lost: list[tuple[TimeoutQueue, QueueEpoch, str]] = []
@@ -73,7 +75,7 @@ class QueueRecovery:
                 row, created = QueueEpoch.objects.get_or_create(queue=queue_name(queue),
                                                                 defaults={"epoch": epoch})
                 if created:
-                    logger.info("Queue %s set up: epoch %s.", queue_name(queue), row.epoch)
+                    logger.info("Queue %s set up: epoch %s.", self.names.get(queue.kind, queue.kind), row.epoch)
             trouble = queue.epoch_trouble(row.epoch)
             if trouble is not None:
                 lost.append((queue, row, trouble))
@@ -81,7 +83,7 @@ class QueueRecovery:
             return True
         for queue, _, trouble in lost:
             logger.warning("Redis lost the queue %s (%s): rebuilding it from the database now.",
-                           queue_name(queue), LOSSES[trouble])
+                           self.names.get(queue.kind, queue.kind), LOSSES[trouble])
         scan = CompensationScan(heal=True, full=True, grace=0, queue=self.queue, kinds=self.kinds)
         result = scan.run()
         if result.skipped or not result.locked or result.lock_lost:

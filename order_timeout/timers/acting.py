@@ -22,14 +22,15 @@ the error is raised and nothing was acted on.
 from __future__ import annotations
 
 import logging
+import random
+import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import Error as DatabaseError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..db.errors import is_lock_conflict
-from ..db.locks import StillConflicting, Stopped, retrying_lock_conflicts
 from ..db.session import limit_transaction
 from .outcome import Due, Key, Outcome
 from .receivers import ReceiverFailed, cause
@@ -38,6 +39,14 @@ if TYPE_CHECKING:
     from .kind import Kind
 
 logger = logging.getLogger("order_timeout")
+
+# A lock conflict is tried again at once this many times in all, pausing a
+# random 5-50 ms (times the attempt) in between so two colliding transactions
+# do not collide again in step.
+LOCK_CONFLICT_ATTEMPTS = 5
+LOCK_CONFLICT_PAUSE = (0.005, 0.05)
+
+T = TypeVar("T")
 
 
 def act_on(kind: Kind, keys: Sequence[Key], *, should_stop: Callable[[], bool] | None = None,
@@ -59,21 +68,21 @@ def act_on(kind: Kind, keys: Sequence[Key], *, should_stop: Callable[[], bool] |
     def attempt(keys: Sequence[Key]) -> Outcome:
         """The fast path; if a receiver refused, the whole batch again, carefully."""
         try:
-            return retrying_lock_conflicts(using, lambda: _transaction(kind, keys, using, progress=progress),
+            return _retrying_lock_conflicts(using, lambda: _transaction(kind, keys, using, progress=progress),
                                            stopping, kind.doing)
         except _Refused as refusal:
             if stopping():
-                raise Stopped from refusal
+                raise _Stopped from refusal
             refused = refusal.refused
-        return retrying_lock_conflicts(
+        return _retrying_lock_conflicts(
             using, lambda: _transaction(kind, keys, using, refused=refused, progress=progress), stopping,
             kind.doing)
 
     try:
         return attempt(keys)
-    except StillConflicting:
+    except _StillConflicting:
         return Outcome(busy=list(keys))
-    except Stopped:
+    except _Stopped:
         return Outcome(abandoned=list(keys))
     except Exception as exc:
         batch_error = exc
@@ -100,9 +109,9 @@ def act_on(kind: Kind, keys: Sequence[Key], *, should_stop: Callable[[], bool] |
             break
         try:
             outcome.merge(attempt([key]))
-        except StillConflicting:
+        except _StillConflicting:
             outcome.busy.append(key)
-        except Stopped:
+        except _Stopped:
             outcome.abandoned += keys[index:]
             break
         except Exception as exc:
@@ -166,10 +175,10 @@ def _act_outside(kind: Kind, keys: Sequence[Key], stopping: Callable[[], bool],
         return outcome, due
 
     try:
-        outcome, due = retrying_lock_conflicts(using, locked, stopping, kind.doing)
-    except StillConflicting:
+        outcome, due = _retrying_lock_conflicts(using, locked, stopping, kind.doing)
+    except _StillConflicting:
         return Outcome(busy=list(keys))
-    except Stopped:
+    except _Stopped:
         return Outcome(abandoned=list(keys))
     except Exception as exc:
         if not _database_answers(connections[using]):
@@ -184,8 +193,10 @@ def _act_outside(kind: Kind, keys: Sequence[Key], stopping: Callable[[], bool],
 
 
 def _lock_and_judge(kind: Kind, keys: Sequence[Key], manager: Any, outcome: Outcome) -> list[Due]:
-    """In the caller's transaction: lock the rows, sort the keys (``outcome``), the due ones."""
-    due = kind.judge(keys, kind.lock(manager, kind.rows_of(keys)), outcome)
+    """In the caller's transaction: lock the rows (one statement, which reads the database's clock),
+    judge each key under the lock (``outcome``: what else each is), return the due ones."""
+    locked = kind.lock(manager, kind.rows_of(keys))
+    due = kind.judge(keys, locked, outcome)
     if outcome.settled:
         # A row no longer pending needs its deadline no more (deadlines in the app's table go).
         kind.deadlines.done(manager, kind.rows_of(outcome.settled))
@@ -267,3 +278,34 @@ def _moments_of_acted(outcome: Outcome) -> Outcome:
         acted = set(outcome.acted)
         outcome.moments = {key: moment for key, moment in outcome.moments.items() if key in acted}
     return outcome
+
+
+class _StillConflicting(Exception):
+    """Every immediate retry met a lock conflict too."""
+
+
+class _Stopped(Exception):
+    """The caller asked to stop before a retry."""
+
+
+def _retrying_lock_conflicts(using: str, act: Callable[[], T], stopping: Callable[[], bool],
+                             what: str = "closing") -> T:
+    """Run ``act`` (a whole transaction); on a lock conflict, wait a few random ms and run it again.
+
+    Raises ``_StillConflicting`` when every attempt conflicted, ``_Stopped``
+    when the caller asked to stop between attempts.
+    """
+    connection = connections[using]
+    for attempt in range(1, LOCK_CONFLICT_ATTEMPTS + 1):
+        try:
+            return act()
+        except Exception as exc:
+            if not is_lock_conflict(exc) or connection.in_atomic_block:
+                raise
+            logger.info("Lock conflict while %s (%s); trying again at once (%d/%d).",
+                        what, exc, attempt, LOCK_CONFLICT_ATTEMPTS)
+            if stopping():
+                raise _Stopped from exc
+            if attempt < LOCK_CONFLICT_ATTEMPTS:
+                time.sleep(random.uniform(*LOCK_CONFLICT_PAUSE) * attempt)
+    raise _StillConflicting

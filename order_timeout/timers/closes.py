@@ -97,13 +97,16 @@ class OrderTimeout(OnOrderModel):
     name = ""
     queue_name = CLOSE
     log_extra = "batch"
-    log_name = "batch"
     metric_family = "closes"
     labels = {"acted": "closed", "settled": "skipped_paid", "given_up": "dead_lettered"}
     # Metric labels of order_timeout_closes_total{outcome} (unchanged since 0.1).
     metric_labels = {"acted": "closed", "settled": "settled", "not_due": "rescheduled", "busy": "busy",
                      "held": "held", "failed": "failed", "given_up": "dead_lettered", "dropped": "dropped",
                      "abandoned": "abandoned"}
+
+    @property
+    def label(self) -> str:
+        return "close"
 
     @property
     def doing(self) -> str:

@@ -96,7 +96,8 @@ class Kind:
 
     @property
     def label(self) -> str:
-        return f"timer {self.name}" if self.name else "order timeout"
+        """Its name in every log line and report: "close", "reminders", "notices", a timer's name."""
+        return self.name
 
     @property
     def doing(self) -> str:
@@ -115,12 +116,8 @@ class Kind:
     # Which family of metrics counts its outcomes: "closes", "reminders", or "timers" (by name).
     metric_family: ClassVar[str] = "timers"
     metric_labels: ClassVar[Mapping[str, str]] = {}
-    # Its batch's log line starts with this; the line's fields go in ``record.<log_extra>``.
+    # Its batch's log line starts with its label; the line's fields go in ``record.<log_extra>``.
     log_extra: ClassVar[str] = "timer"
-
-    @property
-    def log_name(self) -> str:
-        return f"timer {self.name}"
 
     def describe(self, key: Key) -> str:
         """A key in a log line."""

@@ -1,13 +1,16 @@
-"""The one lifecycle of every timer: a claim's members, acted on, settled in Redis.
+"""One batch, one page: the life of one claimed batch of any kind, read top to bottom in ``process``.
 
-For one claim of one kind: read the members as keys (what names none goes to
-the quarantine), give up at once on one whose consumers kept dying with it,
-act on the rest under the batch's watch (``acting``: lock by the database's
-clock, re-check, act), then settle each key in Redis: ack what is done,
-reschedule what is not due yet, look again shortly at a row locked
-elsewhere, later at a held one, retry a failure after each of
-``RETRY_DELAYS`` and give it up after the last, hand an abandoned batch to
-the next claim. Written once: a fix or a speed-up here lands for every kind.
+For one claim of one kind: (1) read the members as keys (what names none goes
+to the quarantine); (2) give up at once on one whose consumers kept dying with
+it; (3) lock the rows by the database's clock, judge each under its lock and
+act on the due ones, in one transaction (``acting``), under the batch's watch;
+(4) settle each key in Redis: ack what is done, reschedule what is not due
+yet, look again shortly at a row locked elsewhere, later at a held one, retry
+a failure after each of ``RETRY_DELAYS`` and give it up after the last, hand
+an abandoned batch to the next claim. The kind says only what differs (its
+keys, its lock, its judge, its act, what giving up records), and none of its
+hooks calls back into this module. Written once: a fix or a speed-up here
+lands for every kind.
 
 Decided once for every kind (docs/design.md, "One lifecycle"): the takeover
 limit is checked after the members are read (an unreadable one is
@@ -73,16 +76,24 @@ class Lifecycle:
 
     def process(self, kind: Kind, queue: TimeoutQueue, claim: Claim, now: datetime, *,
                 ack: Callable[[str, list[str]], Any] | None = None) -> Report:
-        """``ack(token, members)``: how the batch's done members are acked once it committed (the
-        consumer's: with its next claim); ``queue.ack`` at once by default."""
+        """The life of one claimed batch, in order (docs/design.md, "One batch, one page").
+
+        ``ack(token, members)``: how the batch's done members are acked once it committed (the
+        consumer's: with its next claim); ``queue.ack`` at once by default.
+        """
+        # 1. Read the members: each names a key of the kind's rows; what names none is quarantined.
         by_key, malformed = self._read(kind, queue, claim, now)
         report = Report(claimed=len(claim.members), dropped=len(malformed))
+        # 2. Give up on the repeat offender: a member whose consumers kept dying with it alone.
         if claim.died_alone and claim.takeovers > self.max_takeovers and by_key:
             return self._give_up_taken_over(kind, queue, claim, by_key, now, report)
+        # 3. Lock the rows by the database's clock, judge each under its lock, act on the due ones:
+        # one transaction (acting.act_on), watched so that a batch past its time limit stops.
         with self.watch.watching(claim, queue, kind.using) as batch:
             outcome = act_on(kind, list(by_key), should_stop=batch.expired if batch else None)
         self.clock.learn(outcome.db_now)
         acted_at = self.clock()
+        # 4. Settle every member in Redis: ack, reschedule, look again, hand over, retry, give up.
         self._settle(kind, queue, claim.token, outcome, by_key, now, report, ack or queue.ack)
         self.metrics.record(kind, {
             "acted": report.acted, "settled": report.settled, "passed": report.passed,

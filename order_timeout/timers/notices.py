@@ -78,10 +78,6 @@ class Notices(Kind):
     def doing(self) -> str:
         return "delivering notices"
 
-    @property
-    def log_name(self) -> str:
-        return "notices"
-
     def describe(self, key: Key) -> str:
         return f"notice={key}"
 

@@ -46,7 +46,6 @@ class Reminders(OnOrderModel):
     name = "remind"
     queue_name = REMIND
     log_extra = "reminders"
-    log_name = "reminders"
     metric_family = "reminders"
     labels = {"acted": "sent", "settled": "done", "passed": "held", "given_up": "given_up"}
     # Labels of order_timeout_reminders_total{outcome} (unchanged since 0.2).

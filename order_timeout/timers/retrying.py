@@ -64,14 +64,26 @@ class Retrier:
             error = failed[key]
             if retry.retry_at_ms is None:
                 dead.append(Failure(key, retry.attempts, retry.first_failure_ms, error))
+            # An expected failure (a target down, a receiver raising) is one line: what failed, the
+            # attempt, what happens next. Its traceback goes with the give-up, and at DEBUG.
             logger.warning(
                 "%s failed %s attempt=%d error=%s: %s next=%s", kind.failure_noun, kind.describe(key),
                 retry.attempts, type(error).__name__, error,
                 kind.give_up_next if retry.retry_at_ms is None
                 else f"retry in {(retry.retry_at_ms - now_score(now)) / 1000:g}s",
-                exc_info=error, extra={"order_id": str(kind.row_of(key)), "attempt": retry.attempts},
+                extra={"order_id": str(kind.row_of(key)), "attempt": retry.attempts},
             )
-        return len(self.give_up(kind, queue, token, dead, by_key, now).buried) if dead else 0
+            logger.debug("%s failed %s attempt=%d: its traceback", kind.failure_noun, kind.describe(key),
+                         retry.attempts, exc_info=error)
+        if not dead:
+            return 0
+        burial = self.give_up(kind, queue, token, dead, by_key, now)
+        buried = set(burial.buried)
+        for failure in dead:
+            if failure.key in buried:
+                logger.error("%s %s %s after %d attempts; the last error follows.", kind.label,
+                             kind.describe(failure.key), kind.give_up_verb, failure.attempts, exc_info=failure.error)
+        return len(burial.buried)
 
     def give_up(self, kind: Kind, queue: TimeoutQueue, token: str, dead: list[Failure], by_key: dict[Key, str],
                 now: datetime) -> Burial:
