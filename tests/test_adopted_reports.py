@@ -195,6 +195,19 @@ def test_with_no_order_model_the_reports_have_no_order_section_and_read_no_order
     assert set(StockReservation.objects.values_list("state", flat=True)) == {"released"}
 
 
+def test_with_no_order_model_the_consumers_summary_and_the_scans_figures_name_no_order_close(
+        without_order_model, no_grace, lapses_queue):
+    reservations(2, in_seconds=-60)
+
+    summary = run("run_timeout_consumer", "--once")
+    figures = compensate().as_dict()
+
+    assert "closed" not in summary and "Timeout consumer stopped after 1 batch(es)." in summary
+    assert f"  {LAPSES}: 2 claimed, 2 acted" in summary
+    assert figures["closes_orders"] is False
+    assert all("closes_orders" not in own and "timers" not in own for own in figures["timers"].values())
+
+
 def test_with_no_order_model_the_metrics_have_no_order_gauges(without_order_model):
     pytest.importorskip("prometheus_client")
     from order_timeout.reporting.metrics import BacklogCollector

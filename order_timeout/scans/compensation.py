@@ -92,7 +92,11 @@ class ScanResult:
     timers: dict[str, ScanResult] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        figures = asdict(self)
+        for own in figures["timers"].values():
+            # A timer's figures are its own: whether the order close was scanned is said once, above.
+            del own["closes_orders"], own["timers"]
+        return figures
 
     def figures(self, kind: Kind) -> ScanResult:
         """Where ``kind``'s figures go: this result for the app's own kinds, else its own."""

@@ -41,7 +41,7 @@ from .outcome import Due, Key, Outcome
 logger = logging.getLogger("order_timeout")
 
 # Notices one claim takes, all delivered at once, each on a thread of the pool: a batch lasts as
-# long as its slowest handler (bounded by its timeout, which check E020 keeps well inside a lease).
+# long as its slowest handler (bounded by its timeout, which check W012 keeps well inside a batch's time limit).
 # 32: a claim's own cost (its Lua call, two short transactions, the ack) is spread over 32
 # deliveries; in the benchmark's 100,000-notice burst that delivered them in 44 s, against 49 s
 # with 16 (and 40 s with 64, whose 64 connections a consumer a shop's target may not accept).
@@ -111,7 +111,7 @@ class Notices(Kind):
         return isinstance(error, Rejected)
 
     def validate(self) -> None:
-        pass  # handlers are checked where they are declared, and by check E020
+        pass  # handlers are checked where they are declared, and by check W012
 
     # -- under the short transaction ----------------------------------------------------------
 

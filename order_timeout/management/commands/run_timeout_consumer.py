@@ -91,12 +91,16 @@ class Command(BaseCommand):
             stats = consumer.run(once=options["once"])
         except OrderTimeoutError as exc:
             raise CommandError(str(exc)) from exc
-        self.stdout.write(
-            f"Timeout consumer stopped: {stats.closed} closed, {stats.skipped_paid} skipped (paid or "
-            f"closed before), {stats.held} held (payment in flight), {stats.rescheduled} rescheduled, "
-            f"{stats.failed} failed, "
-            f"{stats.dead_lettered} dead-lettered, {stats.dropped} dropped, {stats.abandoned} given up."
-        )
+        # The order close's line only where there is an order close (ORDER_MODEL is not None).
+        if consumer.model is not None:
+            self.stdout.write(
+                f"Timeout consumer stopped: {stats.closed} closed, {stats.skipped_paid} skipped (paid or "
+                f"closed before), {stats.held} held (payment in flight), {stats.rescheduled} rescheduled, "
+                f"{stats.failed} failed, "
+                f"{stats.dead_lettered} dead-lettered, {stats.dropped} dropped, {stats.abandoned} given up."
+            )
+        else:
+            self.stdout.write(f"Timeout consumer stopped after {stats.batches} batch(es).")
         # Every other kind it served, in its own words (the reminders: "sent"; a timer: "acted").
         for name, totals in stats.kinds.items():
             if name != "":
