@@ -41,7 +41,7 @@ from .reporting.metrics import ConsumerMetrics
 from .scans.recovery import QueueRecovery
 from .timers.clock import DatabaseClock
 from .timers.heartbeats import Heartbeat
-from .timers.kind import Timer
+from .timers.kind import Kind
 from .timers.leases import LeaseGuard, WatchedBatch
 from .timers.lifecycle import Lifecycle
 from .timers.members import now_score
@@ -64,7 +64,7 @@ class Totals:
     """One kind's figures since the consumer started, by its own names (``stats.closed``,
     ``stats.reminders.sent``)."""
 
-    def __init__(self, kind: Timer) -> None:
+    def __init__(self, kind: Kind) -> None:
         self.kind = kind
         self.report = Report()
 
@@ -116,7 +116,7 @@ class ConsumerStats:
             self.kinds[name] = Totals(registry.get(name))
         return self.kinds[name]
 
-    def add(self, kind: Timer, report: Report) -> None:
+    def add(self, kind: Kind, report: Report) -> None:
         self.batches += 1
         self.of(kind.name).report.add(report)
 
@@ -160,7 +160,7 @@ class Consumer:
         follow_database_clock: bool = True,
         metrics: ConsumerMetrics | None = None,
         exit_when_stuck: bool = False,
-        kinds: list[Timer] | None = None,
+        kinds: list[Kind] | None = None,
     ) -> None:
         # The order close (and its reminders) of ``model`` when it is not ORDER_MODEL.
         self.kinds = registry.kinds_for(model, kinds)
@@ -273,7 +273,7 @@ class Consumer:
         self.rota.claimed(lane, claim, full=len(claim.members) >= self._limit_of_lane[lane])
         return claim
 
-    def kind_of(self, claim: Claim) -> tuple[Timer, TimeoutQueue]:
+    def kind_of(self, claim: Claim) -> tuple[Kind, TimeoutQueue]:
         """The kind a claim came from, and its queue."""
         for kind, queue in zip(self.kinds, self.queues, strict=True):
             if queue.kind == claim.kind:
@@ -350,7 +350,7 @@ class Consumer:
             logger.warning("Could not put back %d claimed member(s); they are taken over when "
                            "their lease runs out.", len(claim.members))
 
-    def _log(self, kind: Timer, report: Report, started: float) -> None:
+    def _log(self, kind: Kind, report: Report, started: float) -> None:
         fields = {**self.stats.of(kind.name).named(report),
                   "elapsed_ms": round((time.perf_counter() - started) * 1000, 1)}
         what = kind.label

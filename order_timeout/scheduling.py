@@ -26,12 +26,12 @@ from .timers.syncing import follow, forget
 
 if TYPE_CHECKING:
     from .models import TimeoutOrderMixin
-    from .timers.kind import Timer
+    from .timers.kind import Kind
 
 logger = logging.getLogger("order_timeout")
 
 
-def order_kinds() -> list[Timer]:
+def order_kinds() -> list[Kind]:
     """The kinds that follow the order model's rows: the close, and the reminders if any are asked for."""
     from .timers.registry import order_kinds as kinds
 

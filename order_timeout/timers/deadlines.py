@@ -29,7 +29,8 @@ _COUNT_CHUNK = 1000
 class RowsOfATimer(Protocol):
     """What the app's table of deadlines needs of the timer whose deadlines it keeps."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     @property
     def model(self) -> Any: ...
@@ -183,7 +184,7 @@ class OutsideDeadlines:
             # Locked: an act on the row in progress commits first, and then the new deadline is
             # the next one; never a deadline written under an act that does not see it.
             if not model._base_manager.db_manager(using).select_for_update().filter(pk=pk).exists():
-                raise model.DoesNotExist(f"{model.__name__} {pk!r} does not exist.")  # type: ignore[attr-defined]
+                raise model.DoesNotExist(f"{model.__name__} {pk!r} does not exist.")
             if at is None:
                 self._table().filter(object_id=str(pk)).delete()
             else:

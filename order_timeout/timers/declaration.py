@@ -113,8 +113,11 @@ class Timer:
         and schedule it after commit: for a timer whose deadlines live in the app's table."""
         self._registered().set_deadline(row, at)
 
+    # The engine's kind that reads this declaration, once registered (``kind.Declared``).
+    _kind: Any = None
+
     def _registered(self) -> Any:
-        kind = getattr(self, "_kind", None)
+        kind = self._kind
         if kind is None:
             raise LookupError(f"{type(self).__qualname__} is not registered: timers.register({type(self).__name__}) "
                               "it, and call this on timers.registry.get(name).")

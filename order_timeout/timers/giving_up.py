@@ -26,7 +26,8 @@ from .outcome import Key
 class Buries(Protocol):
     """What writing a kind's dead letters needs of it: whose rows, which are still pending."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     @property
     def model(self) -> Any: ...

@@ -406,18 +406,18 @@ class Declared(Kind):
         declaration._kind = self  # what its schedule(), unschedule() and set_deadline() go through
         super().__init__()
 
-    model = property(lambda self: type(self.declaration).model)  # type: ignore[assignment]
-    name = property(lambda self: self.declaration.name)  # type: ignore[assignment]
-    deadline = property(lambda self: self.declaration.deadline)  # type: ignore[assignment]
-    pending = property(lambda self: self.declaration.pending)  # type: ignore[assignment]
-    values = property(lambda self: self.declaration.values)  # type: ignore[assignment]
-    hold = property(lambda self: self.declaration.hold)  # type: ignore[assignment]
-    max_hold = property(lambda self: self.declaration.max_hold)  # type: ignore[assignment]
-    settled = property(lambda self: self.declaration.settled)  # type: ignore[assignment]
-    final = property(lambda self: self.declaration.final)  # type: ignore[assignment]
-    guard_saves = property(lambda self: self.declaration.guard_saves)  # type: ignore[assignment]
-    deadline_follows = property(lambda self: self.declaration.deadline_follows)  # type: ignore[assignment]
-    yields = property(lambda self: self.declaration.yields)  # type: ignore[assignment]
+    model = property(lambda self: type(self.declaration).model)
+    name = property(lambda self: self.declaration.name)
+    deadline = property(lambda self: self.declaration.deadline)
+    pending = property(lambda self: self.declaration.pending)
+    values = property(lambda self: self.declaration.values)
+    hold = property(lambda self: self.declaration.hold)
+    max_hold = property(lambda self: self.declaration.max_hold)
+    settled = property(lambda self: self.declaration.settled)
+    final = property(lambda self: self.declaration.final)
+    guard_saves = property(lambda self: self.declaration.guard_saves)
+    deadline_follows = property(lambda self: self.declaration.deadline_follows)
+    yields = property(lambda self: self.declaration.yields)
 
     def fire(self, rows: list[Any], now: datetime) -> None:
         self.declaration.fire(rows, now)

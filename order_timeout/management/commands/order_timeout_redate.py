@@ -65,8 +65,8 @@ def acted_on_at_once(timer: Kind | None) -> str:
     close's ``order_expired``, or the timer's own ``values`` and ``fire()``."""
     if timer is None:
         return "the consumer closes them as soon as they are scheduled (order_expired fires for each)"
-    declares_fire = isinstance(timer, Declared) and timer.declares_fire
-    receiver = f"{type(timer.declaration).__name__}.fire() runs for them" if declares_fire else ""
+    receiver = (f"{type(timer.declaration).__name__}.fire() runs for them"
+                if isinstance(timer, Declared) and timer.declares_fire else "")
     if timer.values and receiver:
         acts = f"its values are written and {receiver}"
     elif receiver:
