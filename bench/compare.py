@@ -16,8 +16,8 @@ from typing import Any
 
 from .systems import ROOT, System
 
-# The rows run again on the ref's code: the plain one and the one with a reminder per order.
-COMPARED = ("ours", "ours_reminders")
+# The rows run again on the ref's code: the plain one, the one with a reminder per order, and a held tenth.
+COMPARED = ("ours", "ours_reminders", "ours_held")
 
 # What a compared row measures; the ratio is new / old for each.
 FIGURES = (
