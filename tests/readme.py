@@ -1,7 +1,8 @@
 """The README's code and commands, read from README.md itself: one reader for the tests that
 paste them into a new project and for CI's release stage (scripts/release-check), which pastes
-them beside the installed wheel. Standard library only, so CI can read the README with no
-Django set up."""
+them beside the installed wheel. The commands the README hands over to a page of docs/ (the
+status command, the consumer's metrics port: docs/operations.md) are read from that page the
+same way. Standard library only, so CI can read the README with no Django set up."""
 
 from __future__ import annotations
 
@@ -11,14 +12,21 @@ from pathlib import Path
 
 README_PATH = Path(__file__).resolve().parent.parent / "README.md"
 README = README_PATH.read_text()
+DOCS = README_PATH.parent / "docs"
+
+
+def docs_page(name: str) -> str:
+    """The text of ``docs/<name>``."""
+    return (DOCS / name).read_text()
 
 
 def readme_command(pattern: str, readme: str = README) -> list[str]:
-    """The one indented command line of the README that matches ``pattern``, as arguments."""
+    """The one indented command line of the README (or of another page's text) that matches
+    ``pattern``, as arguments; its optional part (from the first ``[...]``) left out."""
     found = [line.strip() for line in readme.splitlines()
              if line.startswith("    ") and re.search(pattern, line)]
-    assert len(found) == 1, f"README commands matching {pattern!r}: {found}"
-    return shlex.split(found[0].split("#")[0])
+    assert len(found) == 1, f"commands matching {pattern!r}: {found}"
+    return shlex.split(found[0].split("#")[0].split(" [")[0])
 
 
 def readme_python_blocks(readme: str = README) -> dict[str, str]:

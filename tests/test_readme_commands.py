@@ -1,15 +1,16 @@
-"""Every command the README shows, run as written (on the test project) against the real servers.
+"""Every command the README shows, run as written (on the test project) against the real servers,
+and the monitoring commands it hands over to docs/operations.md.
 
 The README is part of the product: a command that fails as printed there
-fails a user first. Each test takes its command from README.md itself, so
-the text and the test cannot drift apart. Not marked slow: they run on
-MariaDB and PostgreSQL, and on the newest versions the project allows.
+fails a user first. Each test takes its command from README.md itself (or
+from the page the README links to for it), so the text and the test cannot
+drift apart. Not marked slow: they run on MariaDB and PostgreSQL, and on the
+newest versions the project allows.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -24,7 +25,7 @@ from order_timeout.models import Order
 from testproject.demo import stop
 
 from .conftest import wait_for
-from .readme import README, readme_command, readme_commands, readme_python_blocks
+from .readme import docs_page, readme_command, readme_commands, readme_python_blocks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,10 +45,10 @@ def scrape(port: int) -> str:
 
 
 def test_the_metrics_command_serves_on_its_default_address(consumer_process, make_order):
-    """``run_timeout_consumer --metrics-port 9464``, with no --metrics-address, as the README shows it."""
-    words = re.search(r"`(run_timeout_consumer --metrics-port \d+)`", README)
-    assert words, "the README no longer shows the metrics command"
-    arguments = words.group(1).split()
+    """``run_timeout_consumer --metrics-port 9464``, with no --metrics-address, as docs/operations.md
+    shows it (the README's monitoring line leads there)."""
+    arguments = manage_arguments(readme_command(r"run_timeout_consumer --metrics-port", docs_page("operations.md")))
+    assert arguments[:2] == ["run_timeout_consumer", "--metrics-port"], arguments
     port = int(arguments[-1])
     make_order(in_seconds=-1)
 
@@ -148,8 +149,9 @@ def test_a_new_project_with_the_readmes_settings_migrates_checks_and_closes_an_o
     assert "Timeout consumer stopped: 1 closed" in output
 
 
-def test_the_readmes_status_command_runs_as_written_in_a_new_project(readme_project):
-    status = readme_command(r"order_timeout_status --max-overdue")
+def test_the_status_command_runs_as_written_in_a_new_project(readme_project):
+    """docs/operations.md's status command, for cron or a health check, in the README's project."""
+    status = readme_command(r"order_timeout_status --max-overdue", docs_page("operations.md"))
     assert readme_project.run("python manage.py migrate").returncode == 0
 
     checked = readme_project.run(" ".join(status))
