@@ -1,4 +1,4 @@
-"""The crash workload (issue 21): kill a closer mid-burst, start it again at once, count what it cost.
+"""The crash workload: kill a closer mid-burst, start it again at once, count what it cost.
 
 ``sizes.crash`` orders fall due at one instant, on closers started for this
 workload alone, which write each commit record the moment it commits

@@ -1,4 +1,4 @@
-"""The notices rows (issue 26): one webhook per closed order, to the harness's sink (bench/sink.py).
+"""The notices rows: one webhook per closed order, to the harness's sink (bench/sink.py).
 
 A row that sends a notice per close says so with ``System.notice_key`` (the
 ``Idempotency-Key`` its order's webhook carries). After the closes have

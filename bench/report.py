@@ -232,7 +232,7 @@ def _crash_row(label: str, run: dict[str, Any], note: str) -> str:
 
 
 def _notices_lines(data: dict[str, Any]) -> list[str]:
-    """The notices rows (issue 26, bench/notices.py): each workload's notices, and the crashes'."""
+    """The notices rows (bench/notices.py): each workload's notices, and the crashes'."""
     from .notices import WAIT_CAPS
     rows = [(name, system) for name, system in data["systems"].items() if system.get("delivers_notices")]
     if not rows:
@@ -336,14 +336,14 @@ def targets(data: dict[str, Any]) -> list[tuple[str, str, bool]]:
 
     if burst_rate("floor"):
         floor_rate = burst_rate("floor")
-        rows.append((">= 0.6x the floor's burst closes/s (issue 28)", f"{rate / floor_rate:.2f}x",
+        rows.append((">= 0.6x the floor's burst closes/s", f"{rate / floor_rate:.2f}x",
                      rate >= 0.6 * floor_rate))
         if burst_rate("ours_per_order"):
-            rows.append(("an order_expired receiver per order: >= 0.35x the floor's burst closes/s (issue 28)",
+            rows.append(("an order_expired receiver per order: >= 0.35x the floor's burst closes/s",
                          f"{burst_rate('ours_per_order') / floor_rate:.2f}x",
                          burst_rate("ours_per_order") >= 0.35 * floor_rate))
     if burst_cpu("floor") and burst_cpu("ours"):
-        rows.append(("closers' CPU per burst close <= 8x the floor's (issue 28)",
+        rows.append(("closers' CPU per burst close <= 8x the floor's",
                      f"{burst_cpu('ours') / burst_cpu('floor'):.1f}x", burst_cpu("ours") <= 8 * burst_cpu("floor")))
     floor_p99, p99 = steady_p99("floor"), steady_p99("ours")
     if floor_p99 is not None and p99 is not None:
@@ -380,7 +380,7 @@ def targets(data: dict[str, Any]) -> list[tuple[str, str, bool]]:
     for row, what in (("ours", "plain"), ("ours_reminders", "one reminder per order")):
         measured = against_then(row)
         if measured:
-            rows.append((f"{what}: >= 0.97x the burst closes/s at {then[1:]} (issue 19){measured[1]}",
+            rows.append((f"{what}: >= 0.97x the burst closes/s at {then[1:]}{measured[1]}",
                          f"{measured[0]:.2f}x", measured[0] >= 0.97))
     reminders_p99 = steady_p99("ours_reminders")
     if reminders_p99 is not None and p99:
@@ -390,10 +390,10 @@ def targets(data: dict[str, Any]) -> list[tuple[str, str, bool]]:
         rows.append(("10 % of the burst held: the others' closes/s >= 0.9x the plain row's",
                      f"{burst_rate('ours_held') / rate:.2f}x", burst_rate("ours_held") >= 0.9 * rate))
     if burst_rate("ours_shop_batch") and rate:
-        rows.append(("shop model with batch receivers: >= 0.6x the plain row's burst closes/s (issue 21)",
+        rows.append(("shop model with batch receivers: >= 0.6x the plain row's burst closes/s",
                      f"{burst_rate('ours_shop_batch') / rate:.2f}x", burst_rate("ours_shop_batch") >= 0.6 * rate))
     if burst_rate("ours_notices") and rate:
-        rows.append(("close + one notice per order: >= 0.7x the plain row's burst closes/s (issue 26)",
+        rows.append(("close + one notice per order: >= 0.7x the plain row's burst closes/s",
                      f"{burst_rate('ours_notices') / rate:.2f}x", burst_rate("ours_notices") >= 0.7 * rate))
     noticed = systems.get("ours_notices") or {}
     counted: list[tuple[str, dict[str, Any]]] = [

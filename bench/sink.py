@@ -1,6 +1,6 @@
 """The webhooks' far end in the benchmark: a local HTTP server that records what reaches it.
 
-The notices rows (issue 26) send one webhook per closed order; this is the
+The notices rows send one webhook per closed order; this is the
 target they POST to, on loopback, in the harness's process. It answers every
 POST at once (``200``, empty body, connection kept alive, as the ready
 ``webhook()`` handler's urllib3 pool and the Celery peer's expect) and records

@@ -73,7 +73,7 @@ class System:
     full_only = False
     # The databases it runs on (a queue of PostgreSQL's own runs on PostgreSQL only).
     vendors: tuple[str, ...] = ("mysql", "postgresql")
-    # The notices rows (issue 26, bench/notices.py): one webhook per closed order to the harness's
+    # The notices rows (bench/notices.py): one webhook per closed order to the harness's
     # sink (bench/sink.py), which the harness waits for after the closes and counts.
     delivers_notices = False
     # The crash workloads it runs: (the result's name, the closer killed, what it is), each a
@@ -330,7 +330,7 @@ class Ours(System):
 class OursPerOrder(Ours):
     """Ours with the benchmark's recorder as an ``order_expired`` receiver, per order: what a shop's
     per-order receiver costs (an instance per order, a send per order), as every row paid before
-    issue 28."""
+    the lean close (1c9ce2a)."""
 
     name, label = "ours_per_order", "django-order-timeout, an order_expired receiver per order"
     records_keys = False
@@ -342,7 +342,7 @@ class OursPerOrder(Ours):
 
 
 class OursNotices(Ours):
-    """Ours with one webhook notice per closed order (issue 26): the shop's ``orders_expired``
+    """Ours with one webhook notice per closed order: the shop's ``orders_expired``
     receiver writes them (one INSERT per batch, in the close's transaction) and the consumers
     deliver them, a claim's worth (``DELIVERIES_AT_ONCE``) at once on as many threads, to the
     harness's sink."""

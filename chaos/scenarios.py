@@ -772,7 +772,7 @@ def notices(lab: Lab) -> Story:
         Check("the target refused notices (503)", bool(refused), f"{refused} requests refused"),
         Check("notices were pending when Redis was flushed", moments["pending_at_flush"] > 0,
               f"{moments['pending_at_flush']} pending"),
-        # Since issue 27 a consumer notices the flush (the queue's epoch marker gone) and puts the
+        # Since the epochs (0.3) a consumer notices the flush (the queue's epoch marker gone) and puts the
         # notices back itself; the scan delivers what is left, if anything.
         Check("the notices Redis had lost were put back by a consumer's rebuild or delivered by a scan",
               bool(by_scan) or rebuilt, f"{len(by_scan)} requests from scans, consumer rebuilds: {rebuilt}"),
