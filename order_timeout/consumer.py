@@ -37,6 +37,7 @@ from .queue import SLICE, Claim, Lanes, TimeoutQueue
 from .queue.lanes import ShardRota
 from .queue.shards import Shard
 from .queue.wakeups import WakeListener
+from .redaction import one_line
 from .reporting.metrics import ConsumerMetrics
 from .scans.recovery import QueueRecovery
 from .timers.clock import DatabaseClock
@@ -380,7 +381,7 @@ class Consumer:
                 except DatabaseError as exc:
                     if once:
                         raise
-                    logger.warning("Could not read the database's clock yet (%s); going on.", exc)
+                    logger.warning("Could not read the database's clock yet (%s); going on.", one_line(exc))
             if not once:
                 # Not for --once: what is due now, then gone; a killed one's batch waits its lease.
                 heartbeat.start()
@@ -410,7 +411,8 @@ class Consumer:
             try:
                 missing = unapplied_migrations(router.db_for_write(DeadLetter))
             except DatabaseError as exc:
-                logger.warning("Could not ask the database which migrations are applied (%s); going on.", exc)
+                logger.warning("Could not ask the database which migrations are applied (%s); going on.",
+                               one_line(exc))
                 return
             finally:
                 close_old_connections()
@@ -456,7 +458,7 @@ class Consumer:
                 self.metrics.error("redis" if isinstance(exc, QueueUnavailable) else "database")
                 # An outage is expected: one line with its cause per backoff step, no traceback.
                 logger.warning("Timeout consumer batch failed (%s: %s); retrying in %.1fs.",
-                               type(exc).__name__, exc, backoff)
+                               type(exc).__name__, one_line(exc), backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, ERROR_BACKOFF_MAX)
                 continue

@@ -29,6 +29,7 @@ from django.utils import timezone
 from django.utils.connection import ConnectionProxy
 
 from ..conf import settings
+from ..redaction import one_line
 
 logger = logging.getLogger("order_timeout")
 
@@ -273,7 +274,7 @@ def end_session_named(using: str, identity: str) -> bool:
                            f"WHERE pid = %s AND {_PG_STARTED_US} = %s", [pid, started])
             row = cursor.fetchone()
     except DatabaseError as exc:
-        logger.warning("Could not end database session %s: %s", pid, exc)
+        logger.warning("Could not end database session %s: %s", pid, one_line(exc))
         return False
     finally:
         connection.close()
@@ -305,7 +306,7 @@ def end_session(using: str, sid: Any) -> bool:
                 return False
     except DatabaseError as exc:
         if not (exc.args and exc.args[0] == MYSQL_UNKNOWN_THREAD):
-            logger.warning("Could not end database session %s: %s", sid, exc)
+            logger.warning("Could not end database session %s: %s", sid, one_line(exc))
             return False
         ended = False
     finally:

@@ -29,6 +29,13 @@ CLOSE = ""
 REMIND = "remind"
 # The notices (order_timeout.Notice): the outbox's own queue.
 NOTICE = "notice"
+# The app's kinds by the names people read in logs and reports; a declared timer's is its own.
+KIND_NAMES = {CLOSE: "close", REMIND: "reminders", NOTICE: "notices"}
+
+
+def kind_name(kind: str) -> str:
+    """A queue's kind in a log line: "close", "reminders", "notices", a timer's name."""
+    return KIND_NAMES.get(kind, kind)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from redis.commands.core import Script
 from ..exceptions import QueueUnavailable
 from .errors import redis_errors
 from .housekeeping import Housekeeping
-from .keys import CLOSE, GlobalKeys, QueueKeys, shard_of
+from .keys import CLOSE, GlobalKeys, QueueKeys, kind_name, shard_of
 from .scripts import SCRIPT_NAMES, load_script_source
 
 logger = logging.getLogger("order_timeout")
@@ -292,9 +292,10 @@ class Shard:
                     unreadable.append(member)
         quarantined = self.quarantine(token, unreadable, due_ms, sweep=far) if unreadable or far else 0
         if quarantined:
-            logger.error("Moved %d member(s) of %s into its quarantine: not UTF-8, or scored past any "
-                         "deadline (%s). They name no order; the queue goes on without them.",
-                         quarantined, keys.pending, escaped(unreadable) if unreadable else "far scores")
+            logger.error("%s: moved %d member(s) of shard %d into its quarantine: not UTF-8, or scored past "
+                         "any deadline (%s). They name no row; the queue goes on without them.",
+                         kind_name(keys.kind), quarantined, keys.shard,
+                         escaped(unreadable) if unreadable else "far scores")
         return Claim(
             members=members,
             # After a quarantine the next score is unknown: look again now.

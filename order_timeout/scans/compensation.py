@@ -33,6 +33,7 @@ from ..exceptions import QueueUnavailable, RepeatedTakeover
 from ..models import DeadLetter, TimeoutOrderMixin
 from ..queue import TimeoutQueue
 from ..queue.housekeeping import ScanMark
+from ..redaction import one_line
 from ..timers.acting import act_on
 from ..timers.closes import OrderTimeout
 from ..timers.giving_up import Failure
@@ -417,7 +418,7 @@ class CompensationScan:
             # Without Redis nothing counts the tries: the next scan tries again, and says so again,
             # in one line (the traceback at DEBUG).
             logger.error("compensation scan could not act on %s (%s) error=%s: %s; the next scan tries again",
-                         kind.describe(key), kind.label, type(error).__name__, error)
+                         kind.describe(key), kind.label, type(error).__name__, one_line(error))
             logger.debug("compensation scan could not act on %s (%s): its traceback", kind.describe(key),
                          kind.label, exc_info=error)
 

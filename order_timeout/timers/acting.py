@@ -32,6 +32,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..db.errors import is_lock_conflict
 from ..db.session import limit_transaction
+from ..redaction import one_line
 from .outcome import Due, Key, Outcome
 from .receivers import ReceiverFailed, cause
 
@@ -99,10 +100,10 @@ def act_on(kind: Kind, keys: Sequence[Key], *, should_stop: Callable[[], bool] |
     # connection a receiver lost) is counted against a key only when it comes back for it alone.
     if len(keys) > 1:
         logger.warning("%s: a batch of %d failed as a whole (%s: %s); acting on its keys one by one.",
-                       kind.label, len(keys), type(batch_error).__name__, cause(batch_error))
+                       kind.label, len(keys), type(batch_error).__name__, one_line(cause(batch_error)))
     else:
         logger.warning("%s: acting on %s failed (%s: %s); trying it once more.", kind.label,
-                       kind.describe(keys[0]), type(batch_error).__name__, cause(batch_error))
+                       kind.describe(keys[0]), type(batch_error).__name__, one_line(cause(batch_error)))
     for index, key in enumerate(keys):
         if stopping():
             outcome.abandoned += keys[index:]
@@ -303,7 +304,7 @@ def _retrying_lock_conflicts(using: str, act: Callable[[], T], stopping: Callabl
             if not is_lock_conflict(exc) or connection.in_atomic_block:
                 raise
             logger.info("Lock conflict while %s (%s); trying again at once (%d/%d).",
-                        what, exc, attempt, LOCK_CONFLICT_ATTEMPTS)
+                        what, one_line(exc), attempt, LOCK_CONFLICT_ATTEMPTS)
             if stopping():
                 raise _Stopped from exc
             if attempt < LOCK_CONFLICT_ATTEMPTS:

@@ -112,10 +112,6 @@ class OrderTimeout(OnOrderModel):
     def doing(self) -> str:
         return "closing"
 
-    @property
-    def failure_noun(self) -> str:
-        return "close"
-
     def describe(self, key: Key) -> str:
         return f"order={key}"
 

@@ -36,6 +36,7 @@ from django.db import connections
 
 from ..db.session import end_session_named
 from ..exceptions import QueueUnavailable
+from ..queue.keys import kind_name
 from ..queue.lanes import Lanes
 
 logger = logging.getLogger("order_timeout")
@@ -117,8 +118,8 @@ class Heartbeat:
                 sessions.update(beat.sessions)
                 epoch_missing = epoch_missing or beat.epoch_missing
                 if moved:
-                    logger.warning("A consumer's heartbeat stopped (%s): handed its %d lease(s) to the "
-                                   "next claims.", shard.keys.tag, moved)
+                    logger.warning("%s: a consumer's heartbeat stopped (shard %d): handed its %d lease(s) to "
+                                   "the next claims.", kind_name(shard.keys.kind), shard.keys.shard, moved)
                     self.on_handed(lane)
                 handed += moved
         except QueueUnavailable as exc:

@@ -104,11 +104,6 @@ class Kind:
         """What the lifecycle is doing, for a log line ("closing", "sending reminders")."""
         return f"acting on {self.label}"
 
-    @property
-    def failure_noun(self) -> str:
-        """What failed, in a log line ("close failed order=5 ...")."""
-        return self.label
-
     # How a give-up reads in a log line: "... dead-lettered without another try", "next=dead-letter".
     give_up_verb: ClassVar[str] = "dead-lettered"
     give_up_next: ClassVar[str] = "dead-letter"

@@ -32,6 +32,7 @@ from typing import Any
 from ..db.session import end_session
 from ..exceptions import QueueUnavailable
 from ..queue import TimeoutQueue
+from ..queue.keys import kind_name
 from .watchdog import stuck_after
 
 logger = logging.getLogger("order_timeout")
@@ -168,9 +169,9 @@ class LeaseGuard:
             batch.given_up.set()
             batch.given_up_at = time.monotonic()
         logger.warning(
-            "Batch of %d still running after BATCH_TIME_LIMIT (%gs): giving it up; %s, and its "
+            "%s: a batch of %d still running after BATCH_TIME_LIMIT (%gs): giving it up; %s, and its "
             "members are taken over as a batch, then one at a time if it dies again.",
-            len(batch.members), self.time_limit,
+            kind_name((batch.queue or self.queue).kind), len(batch.members), self.time_limit,
             "its database session is ended" if batch.session is not None
             else "its transaction is left to the server's time limits")
         if batch.session is not None:
@@ -183,8 +184,9 @@ class LeaseGuard:
     def _stuck(self, batch: WatchedBatch) -> None:
         batch.reported_stuck = True
         logger.critical(
-            "The batch given up %.1fs ago is still in hand: a receiver is stuck outside the "
+            "%s: the batch given up %.1fs ago is still in hand: a receiver is stuck outside the "
             "database (members %s). This consumer can close nothing more.",
-            time.monotonic() - batch.given_up_at, ", ".join(batch.members[:20]))
+            kind_name((batch.queue or self.queue).kind), time.monotonic() - batch.given_up_at,
+            ", ".join(batch.members[:20]))
         if self.on_stuck is not None:
             self.on_stuck(batch)

@@ -160,11 +160,11 @@ class Lifecycle:
         failures = [Failure(key, claim.takeovers, now_score(now), error) for key in by_key]
         burial = self.retrier.give_up(kind, queue, claim.token, failures, by_key, now)
         for key in burial.buried:
-            logger.error("%s taken over %d times: %s without another try.", kind.describe(key),
+            logger.error("%s %s taken over %d times: %s without another try.", kind.label, kind.describe(key),
                          claim.takeovers, kind.give_up_verb)
         for key in (*burial.settled, *burial.missing):
-            logger.info("%s taken over %d times, but %s: let go.", kind.describe(key), claim.takeovers,
-                        "gone" if key in burial.missing else "settled already")
+            logger.info("%s %s taken over %d times, but %s: let go.", kind.label, kind.describe(key),
+                        claim.takeovers, "gone" if key in burial.missing else "settled already")
         report.given_up += len(burial.buried)
         report.settled += len(burial.settled)
         report.dropped += len(burial.missing)

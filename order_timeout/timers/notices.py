@@ -60,7 +60,6 @@ class Notices(Kind):
     yields: ClassVar[bool] = True
     log_extra = "notices"
     labels = {"acted": "delivered", "settled": "done", "given_up": "dead_lettered"}
-    failure_noun = "notice"
 
     def __init__(self) -> None:
         super().__init__()

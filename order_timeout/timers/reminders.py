@@ -61,7 +61,6 @@ class Reminders(OnOrderModel):
     def doing(self) -> str:
         return "sending reminders"
 
-    failure_noun = "reminder"
     give_up_verb = "given up"
     give_up_next = "give-up"
     give_up_record = "failed reminder record(s)"

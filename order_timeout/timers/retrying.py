@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from django.db import Error as DatabaseError
 
 from ..queue import TimeoutQueue
+from ..redaction import one_line
 from .giving_up import Burial, Failure
 from .members import now_score
 from .outcome import Key
@@ -67,13 +68,13 @@ class Retrier:
             # An expected failure (a target down, a receiver raising) is one line: what failed, the
             # attempt, what happens next. Its traceback goes with the give-up, and at DEBUG.
             logger.warning(
-                "%s failed %s attempt=%d error=%s: %s next=%s", kind.failure_noun, kind.describe(key),
-                retry.attempts, type(error).__name__, error,
+                "%s failed %s attempt=%d error=%s: %s next=%s", kind.label, kind.describe(key),
+                retry.attempts, type(error).__name__, one_line(error),
                 kind.give_up_next if retry.retry_at_ms is None
                 else f"retry in {(retry.retry_at_ms - now_score(now)) / 1000:g}s",
                 extra={"order_id": str(kind.row_of(key)), "attempt": retry.attempts},
             )
-            logger.debug("%s failed %s attempt=%d: its traceback", kind.failure_noun, kind.describe(key),
+            logger.debug("%s failed %s attempt=%d: its traceback", kind.label, kind.describe(key),
                          retry.attempts, exc_info=error)
         if not dead:
             return 0
@@ -99,7 +100,7 @@ class Retrier:
         except DatabaseError as exc:
             wait_ms = max(self.retry_delays_ms, default=self.lease_ms)
             logger.error("Could not write %d %s (%s: %s); member(s) %s of %s go back on the queue and are "
-                         "given up %gs later.", len(dead), kind.give_up_record, type(exc).__name__, exc,
+                         "given up %gs later.", len(dead), kind.give_up_record, type(exc).__name__, one_line(exc),
                          ", ".join(members[:20]), kind.label, wait_ms / 1000)
             queue.reschedule(token, {member: now_score(now) + wait_ms for member in members})
             return Burial()

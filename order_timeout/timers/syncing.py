@@ -21,7 +21,8 @@ from typing import Any, Protocol
 from django.db import router, transaction
 
 from ..queue import TimeoutQueue
-from ..redaction import masked
+from ..queue.keys import kind_name
+from ..redaction import masked, one_line
 
 
 class Follows(Protocol):
@@ -76,9 +77,10 @@ def _sync(change: _Change) -> None:
         # QueueUnavailable above all, but also a LOCATION the cluster factory refuses
         # (ImproperlyConfigured, which manage.py check reports as E014).
         logger.warning(
-            "Could not update the timeout queue for %d member(s) (%s: %s); the compensation scan "
-            "will close them if they expire: %s",
-            change.size, type(exc).__name__, masked(exc), ", ".join(change.members()[:20]),
+            "Could not update the queue %s for %d member(s) (%s: %s); the compensation scan "
+            "will act on them if they expire: %s",
+            ", ".join(sorted(kind_name(space) for space in {*change.deadlines, *change.gone})), change.size,
+            type(exc).__name__, one_line(masked(exc)), ", ".join(change.members()[:20]),
         )
         return
     for row, state in change.told:
