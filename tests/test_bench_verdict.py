@@ -64,11 +64,11 @@ def test_the_comparison_with_an_older_commit_is_the_median_of_the_rounds_own_rat
     data = comparison([60, 95, 99], [61, 100, 100])
 
     plain = [row for row in targets(data) if row[0].startswith("plain")]
-    assert plain == [("plain: >= 0.97x the burst closes/s at abc1234 (issue 19), median of 3 rounds", "0.98x", True)]
+    assert plain == [("plain: >= 0.97x the burst closes/s at abc1234, median of 3 rounds", "0.98x", True)]
 
 
 def test_a_single_round_compares_the_two_rows_as_they_are():
     data = comparison([90], [100])
 
     plain = [row for row in targets(data) if row[0].startswith("plain")]
-    assert plain == [("plain: >= 0.97x the burst closes/s at abc1234 (issue 19)", "0.90x", False)]
+    assert plain == [("plain: >= 0.97x the burst closes/s at abc1234", "0.90x", False)]

@@ -177,7 +177,7 @@ def test_a_save_with_redis_paused_returns_within_the_bound(recorded_queue, redis
     assert len([trip for trip in during_the_save if not trip.handshake]) <= 3
     assert {trip.socket_timeout for trip in during_the_save} == {order_settings.SCHEDULE_TIMEOUT}
     assert Order.objects.count() == 1 + pooled
-    assert "Could not update the timeout queue" in caplog.text and "Timeout" in caplog.text
+    assert "Could not update the queue close" in caplog.text and "Timeout" in caplog.text
 
 
 # -- a property: whatever the interleaving, Redis never holds a later deadline than the row ----
