@@ -70,7 +70,7 @@ def act_on(kind: Kind, keys: Sequence[Key], *, should_stop: Callable[[], bool] |
         """The fast path; if a receiver refused, the whole batch again, carefully."""
         try:
             return _retrying_lock_conflicts(using, lambda: _transaction(kind, keys, using, progress=progress),
-                                           stopping, kind.doing)
+                                            stopping, kind.doing)
         except _Refused as refusal:
             if stopping():
                 raise _Stopped from refusal
