@@ -648,3 +648,84 @@ class QueueEpoch(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue}: {self.epoch}"
+
+
+class Pause(models.Model):
+    """A timer paused by staff (a payment provider down), and its resume, kept where Redis cannot
+    lose them.
+
+    Open (``resumed_at`` empty) while the timer is paused: no consumer claims its members and no
+    scan acts on its rows; they wait in Redis, and a payment is accepted as ever. One open pause per
+    timer (``open_for`` is unique: the timer's name while open, empty once resumed). Kept once
+    resumed: who paused what, when and why, who resumed it and what was given back.
+    """
+
+    # The paused kind by its name: "close", "reminders", "notices", or a declared timer's name.
+    timer = models.CharField(_("timer"), max_length=64)
+    # The timer's name while the pause is open, NULL once it is resumed: a unique column where
+    # MariaDB and MySQL have no partial unique index (many NULLs are allowed, one open pause each).
+    open_for = models.CharField(_("open for"), max_length=64, null=True, blank=True, unique=True, editable=False)
+    reason = models.TextField(_("reason"))
+    paused_at = models.DateTimeField(_("paused at"), default=timezone.now)
+    paused_by = models.ForeignKey(django_settings.AUTH_USER_MODEL, verbose_name=_("paused by"), null=True,
+                                  blank=True, on_delete=models.SET_NULL, related_name="+")
+    resumed_at = models.DateTimeField(_("resumed at"), null=True, blank=True)
+    resumed_by = models.ForeignKey(django_settings.AUTH_USER_MODEL, verbose_name=_("resumed by"), null=True,
+                                   blank=True, on_delete=models.SET_NULL, related_name="+")
+    # The time given back to the rows whose deadline fell inside the pause (or just after it):
+    # how much each deadline moved, how many rows, and the last key moved (a give-back cut short
+    # goes on from there, so no row moves twice).
+    given_back_seconds = models.FloatField(_("seconds given back"), null=True, blank=True)
+    given_back_rows = models.PositiveIntegerField(_("rows given back"), default=0)
+    give_back_after = models.CharField(_("given back up to"), max_length=64, blank=True, default="",
+                                       editable=False)
+
+    class Meta:
+        verbose_name = _("pause")
+        verbose_name_plural = _("pauses")
+        ordering = ["-paused_at"]
+        permissions = [("pause_timers", _("Can pause and resume timers"))]
+
+    def __str__(self) -> str:
+        return f"{self.timer} paused at {self.paused_at}"
+
+    @property
+    def is_open(self) -> bool:
+        return self.resumed_at is None
+
+
+class RefusedWrite(models.Model):
+    """A write the app refused to let undo a deadline's act, for staff to act on: a stale copy's
+    save over an acted-on row (a timer's ``guard_saves``), or a payment after the deadline closed
+    its order (``mark_paid()`` raising ``OrderClosed``). The money may have been taken: a refund,
+    or the shop's own way back, is staff's to decide. Written apart from the refused transaction,
+    which the refusal rolls back."""
+
+    class Refusal(models.TextChoices):
+        STALE_SAVE = "stale_save", _("A stale copy's save over an acted-on row")
+        PAID_AFTER_CLOSE = "paid_after_close", _("Paid after its deadline closed it")
+
+    model = models.CharField(_("model"), max_length=100)
+    object_id = models.CharField(_("object id"), max_length=64)
+    # The timer whose act the write would have undone: "close" for the order close.
+    timer = models.CharField(_("timer"), max_length=64)
+    refusal = models.CharField(_("refusal"), max_length=32, choices=Refusal.choices)
+    # What the refused write tried to write (field -> value, as JSON).
+    values = models.JSONField(_("values it tried to write"), default=dict, blank=True)
+    at = models.DateTimeField(_("at"), default=timezone.now)
+    handled_at = models.DateTimeField(_("handled at"), null=True, blank=True)
+    handled_by = models.ForeignKey(django_settings.AUTH_USER_MODEL, verbose_name=_("handled by"), null=True,
+                                   blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        verbose_name = _("refused write")
+        verbose_name_plural = _("refused writes")
+        ordering = ["-at"]
+        indexes = [
+            models.Index(fields=["model", "object_id"], name="order_timeout_refused_row"),
+            # The open ones for staff and the status command; the handled ones for the prune.
+            models.Index(fields=["handled_at"], name="order_timeout_refused_age"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model} {self.object_id}: {self.get_refusal_display()}"
