@@ -105,6 +105,10 @@ DEFAULTS: dict[str, Any] = {
     "PRUNE_INTERVAL": 3600,
     # Rows one DELETE of the prune removes (a short transaction of its own each).
     "PRUNE_CHUNK": 1000,
+    # Seconds after a resume within which a deadline still gets the pause's length back with
+    # ``order_timeout_resume --give-back`` (beside those that fell inside the pause): a customer due
+    # just after the outage had no more time to pay than one due during it.
+    "GIVE_BACK_GRACE": 600,
     # A bearer token that lets a scraper read views.metrics without a login
     # ("Authorization: Bearer <token>"). None: only logged-in users with the
     # view_timeoutoverview permission may read it.
@@ -361,6 +365,7 @@ VALIDATORS: dict[str, Callable[[str, Any], None]] = {
     "DEAD_LETTER_RETENTION": _optional_non_negative_number,
     "PRUNE_INTERVAL": _optional_positive_number,
     "PRUNE_CHUNK": _batch_size,
+    "GIVE_BACK_GRACE": _non_negative_number,
     "METRICS_TOKEN": _token,
     "DEAD_LETTER_TRACEBACKS": _bool,
     "HOLD_CONDITION": _hold_condition,

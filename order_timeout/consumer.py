@@ -47,6 +47,7 @@ from .timers.leases import LeaseGuard, WatchedBatch
 from .timers.lifecycle import Lifecycle
 from .timers.members import now_score
 from .timers.outcome import Report
+from .timers.pausing import PauseWatch
 from .timers.registry import ORDER_TIMEOUT, REMINDERS, registry
 from .timers.watch import BatchWatch
 from .timers.watchdog import exit_stuck
@@ -229,6 +230,10 @@ class Consumer:
         # Set by a heartbeat that found a shard without its epoch marker: Redis lost the queue.
         self._epoch_missing = threading.Event()
         self.recovery = QueueRecovery(self.queue, self.queues, self.kinds)
+        # The kinds staff paused (the database's pauses, told through Redis at every heartbeat).
+        self.pauses = PauseWatch(self.queue.housekeeping, on_change=self._pauses_changed,
+                                 every=self.heartbeat_seconds)
+        self._pauses_loaded = False
 
     # -- the clock ------------------------------------------------------
 
@@ -313,6 +318,11 @@ class Consumer:
         """``run_once``, the batch's ack left for the next claim: the loop goes straight on."""
         close_old_connections()
         try:
+            if not self._pauses_loaded:
+                # Before the first claim, from the database: a consumer (re)started during a pause
+                # stays paused, whatever Redis holds.
+                self.pauses.load()
+                self._pauses_loaded = True
             started = time.perf_counter()
             now = self.clock()
             claim = self.claim(now, due_by)
@@ -367,7 +377,7 @@ class Consumer:
         ``once`` mode they are raised, since the caller wants a verdict.
         """
         heartbeat = Heartbeat(self.lanes, self.consumer_id, self.heartbeat_seconds, self._wall_ms,
-                              on_handed=self._woken, on_epoch_missing=self._queue_lost)
+                              on_handed=self._woken, on_epoch_missing=self._queue_lost, on_beat=self.pauses.check)
         guard = self.watch.guard = LeaseGuard(self.queue, self.lease_seconds, lambda: now_score(self.clock()),
                                               on_stuck=self._exit_stuck if self.exit_when_stuck else None,
                                               time_limit=self.batch_time_limit)
@@ -486,6 +496,16 @@ class Consumer:
         except QueueUnavailable:
             return False
         return self.rota.has_due(now_score(self.clock()))
+
+    def _pauses_changed(self, paused: frozenset[str]) -> None:
+        """Claim none of the paused kinds' lanes from the next claim on (a batch in hand finishes)."""
+        self.rota.pause([lane for lane, kind in enumerate(self._kind_of_lane) if kind.label in paused])
+        served = sorted(name for name in paused if any(kind.label == name for kind in self.kinds))
+        if served:
+            logger.info("Paused here: %s (none of it is claimed until it is resumed).", ", ".join(served))
+        else:
+            logger.info("No timer of this consumer is paused.")
+        self._wake.set()
 
     def _queue_lost(self) -> None:
         self._epoch_missing.set()

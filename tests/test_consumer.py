@@ -449,9 +449,10 @@ def test_idle_consumer_does_not_busy_loop(settings):
     # (lua/version.lua: which pub/sub the wake-ups use), and the wake-up subscription; its
     # confirmation wakes each lane, so a lane already claimed by then is claimed once more; and
     # its heartbeat's two beats on each lane, as it starts and as it leaves; and, the queue being
-    # new, its epoch marker set on each lane and read back, a script each (lua/epoch.lua).
+    # new, its epoch marker set on each lane and read back, a script each (lua/epoch.lua); and,
+    # once, the version of the timers' pauses read (and, the queue being new, set and read back).
     scripts = sent.pop("script") - 2 * lanes - 2 * lanes
-    assert sent == {"subscribe": 1} and lanes + 1 <= scripts <= 2 * lanes + 1, (sent, scripts)
+    assert sent == {"subscribe": 1, "GET": 2, "SET": 1} and lanes + 1 <= scripts <= 2 * lanes + 1, (sent, scripts)
     # Then one round trip per MAX_WAIT, never sooner.
     assert refreshes * max_wait <= elapsed, (refreshes, elapsed)
 

@@ -1,5 +1,5 @@
-"""What the app's housekeeping keeps in Redis: where the compensation scan's walk starts, and the
-prune's turn and totals.
+"""What the app's housekeeping keeps in Redis: where the compensation scan's walk starts, the
+prune's turn and totals, and the version of the timers' pauses.
 
 Nothing here is the truth about an order. Lost with the rest of Redis, each is rebuilt by its
 next run: the scan walks every overdue row again (as it must, since Redis lost its members too),
@@ -74,6 +74,22 @@ class Housekeeping:
                 pipe.hincrby(self.keys.pruned, f"total:{table}", count)
             pipe.hset(self.keys.pruned, mapping={"at": at_ms, **{f"last:{t}": n for t, n in deleted.items()}})
             pipe.execute()
+
+    def pauses_version(self) -> str | None:
+        """The pauses' version (None: none set, or Redis lost it)."""
+        with redis_errors("read the pauses' version"):
+            value = self.client.get(self.keys.pauses)
+        return None if value is None else value.decode() if isinstance(value, bytes) else str(value)
+
+    def bump_pauses(self, token: str, *, only_if_missing: bool = False) -> str:
+        """A new version (``only_if_missing``: only where Redis has none); the version it holds now."""
+        with redis_errors("bump the pauses' version"):
+            if only_if_missing:
+                self.client.set(self.keys.pauses, token, nx=True)
+                value = self.client.get(self.keys.pauses)
+                return value.decode() if isinstance(value, bytes) else str(value)
+            self.client.set(self.keys.pauses, token)
+            return token
 
     def prune_record(self) -> PruneRecord:
         with redis_errors("read what the prune deleted"):

@@ -180,6 +180,13 @@ class GlobalKeys:
         the last run's (``last:<table>``) and when it ended (``at``, ms) (one for every kind)."""
         return f"{{{self.prefix}}}:pruned"
 
+    @property
+    def pauses(self) -> str:
+        """String: a version of the timers' pauses (a new token at every pause and resume); the
+        pauses themselves are rows of the database (one for every kind)."""
+        return f"{{{self.prefix}}}:pauses"
+
     def all(self) -> list[str]:
         """Every key of the queue as a whole that holds data."""
-        return [self.compensation_lock, self.drift, self.scanning, self.scan_mark, self.prune_turn, self.pruned]
+        return [self.compensation_lock, self.drift, self.scanning, self.scan_mark, self.prune_turn, self.pruned,
+                self.pauses]

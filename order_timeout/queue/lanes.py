@@ -85,12 +85,23 @@ class ShardRota:
         self._waiting_since: dict[int, float] = {}
         # The lanes whose last claim came back full: a backlog, which the yielding lanes let pass.
         self._backlog: set[int] = set()
+        # The lanes of a paused kind (staff paused it): never claimed, never due, until resumed.
+        self._paused: frozenset[int] = frozenset()
+
+    def pause(self, lanes: Collection[int]) -> None:
+        """Claim none of ``lanes`` from now on (and none of the others' pause any more)."""
+        with self._lock:
+            self._paused = frozenset(lanes)
+            for lane in range(self.count):
+                if lane not in self._paused:
+                    self._next[lane] = UNKNOWN  # resumed: what fell due meanwhile is due now
 
     def next_due(self, due_ms: int) -> int | None:
         """The next shard, going round, with something due by ``due_ms``; None if none has."""
         with self._lock:
             due = [(self._cursor + step) % self.count for step in range(self.count)]
-            due = [index for index in due if (score := self._next[index]) is not None and score <= due_ms]
+            due = [index for index in due if (score := self._next[index]) is not None and score <= due_ms
+                   and index not in self._paused]
             if not due:
                 return None
             index = self._pick(due)
@@ -112,7 +123,8 @@ class ShardRota:
 
     def has_due(self, due_ms: int) -> bool:
         with self._lock:
-            return any(score is not None and score <= due_ms for score in self._next)
+            return any(score is not None and score <= due_ms and lane not in self._paused
+                       for lane, score in enumerate(self._next))
 
     def claimed(self, lane: int, claim: Claim, full: bool = False) -> None:
         """``claim`` came from ``lane``; ``full``: it took as many members as it could."""
@@ -137,5 +149,5 @@ class ShardRota:
     def earliest(self) -> int | None:
         """The earliest next score over every shard (None when all are empty)."""
         with self._lock:
-            known = [score for score in self._next if score is not None]
+            known = [score for lane, score in enumerate(self._next) if score is not None and lane not in self._paused]
         return min(known) if known else None

@@ -232,8 +232,20 @@ class BacklogCollector:
                 "Unpaid orders with a deadline the last beat run found missing from Redis.",
                 value=drift)
         yield from self._storage()
+        yield self._paused()
         if self.own_connections:
             close_old_connections()
+
+    @staticmethod
+    def _paused() -> Any:
+        """1 for each timer staff paused (a payment provider down), 0 for the others."""
+        from ..timers.pausing import known_names, paused_names
+
+        paused = paused_names()
+        family = GaugeMetricFamily("order_timeout_paused", "1 while staff keep this timer paused.", labels=["timer"])
+        for name in dict.fromkeys([*known_names(), *sorted(paused)]):
+            family.add_metric([name], 1 if name in paused else 0)
+        return family
 
     @staticmethod
     def _storage() -> Iterator[Any]:

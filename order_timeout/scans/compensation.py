@@ -39,6 +39,7 @@ from ..timers.closes import OrderTimeout
 from ..timers.giving_up import Failure
 from ..timers.kind import Kind
 from ..timers.members import datetime_of_score, now_score
+from ..timers.pausing import paused_names
 from ..timers.registry import registry
 from ..timers.reminders import Reminders
 from ..timers.retrying import Retrier
@@ -88,6 +89,8 @@ class ScanResult:
     would_act: int = 0
     # Whether the order close was scanned (False when ORDER_MODEL is None): its figures are the above.
     closes_orders: bool = True
+    # Paused by staff: its overdue rows were left alone (members put back, none acted on).
+    paused: bool = False
     elapsed_ms: float = 0.0
     # Each timer a shop declared: its own figures (the same fields, by name).
     timers: dict[str, ScanResult] = field(default_factory=dict)
@@ -183,9 +186,14 @@ class CompensationScan:
                                    "closing what is overdue without it", error)
                     self.result.locked = False
             if self.result.mode in ("close", "heal"):
+                paused = paused_names()
                 for kind in self.kinds:
                     if self.result.lock_lost:
                         break
+                    if kind.label in paused:
+                        # Staff paused it: its rows wait, as the consumers' claims do.
+                        self.result.figures(kind).paused = True
+                        continue
                     self._close_overdue(kind, token)
         finally:
             self._release(token)

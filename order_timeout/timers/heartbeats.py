@@ -48,7 +48,8 @@ class Heartbeat:
     def __init__(self, lanes: Lanes, consumer: str, seconds: float, clock_ms: Callable[[], int],
                  on_handed: Callable[[int], None] = lambda lane: None,
                  end_session: Callable[[str, str], bool] = end_session_named,
-                 on_epoch_missing: Callable[[], None] = lambda: None) -> None:
+                 on_epoch_missing: Callable[[], None] = lambda: None,
+                 on_beat: Callable[[], None] = lambda: None) -> None:
         self.lanes = lanes
         # Told each lane where leases were handed over: this consumer claims them next.
         self.on_handed = on_handed
@@ -58,6 +59,8 @@ class Heartbeat:
         self.end_session = end_session
         # Told when a shard has no epoch marker: Redis lost the queue (scans/recovery.py).
         self.on_epoch_missing = on_epoch_missing
+        # Asked after every beat but the last (the consumer's look at the timers' pauses).
+        self.on_beat = on_beat
         # "alias\x1fidentity" of the session this consumer's batch runs on; "" for none.
         self._session = ""
         self._closed = threading.Event()
@@ -140,6 +143,11 @@ class Heartbeat:
             self._end(session)
         if epoch_missing and not leaving:
             self.on_epoch_missing()
+        if not leaving:
+            try:
+                self.on_beat()
+            except Exception:
+                logger.exception("A heartbeat's look at the pauses failed; the next beat looks again.")
         return handed
 
     def _end(self, session: str) -> None:

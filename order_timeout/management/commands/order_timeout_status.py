@@ -8,13 +8,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
 from order_timeout.exceptions import OrderTimeoutError
 from order_timeout.reporting.health import Health, measure
 from order_timeout.reporting.storage import Storage, TableStorage, measure_storage
+from order_timeout.timers.pausing import Paused, describe, open_pauses
 
 # Exit status when a threshold is crossed (1 is any other error).
 THRESHOLD_CROSSED = 2
+# Exit status when a timer has been paused longer than --max-paused (and no threshold is crossed).
+PAUSED_TOO_LONG = 3
 
 
 def non_negative(text: str) -> float:
@@ -95,6 +99,9 @@ class Command(BaseCommand):
         for option, threshold in THRESHOLDS.items():
             parser.add_argument("--" + option.replace("_", "-"), type=non_negative, default=None,
                                 help=threshold.help)
+        parser.add_argument("--max-paused", type=non_negative, default=None, metavar="SECONDS",
+                            help=f"Exit {PAUSED_TOO_LONG} when a timer has been paused by staff for longer than "
+                                 "this many seconds (a pause forgotten after the outage).")
         parser.add_argument("--no-drift", action="store_true",
                             help="Skip the drift count, which reads every unpaid row with a "
                                  "deadline.")
@@ -106,7 +113,8 @@ class Command(BaseCommand):
             health = measure(drift=not options["no_drift"])
         except OrderTimeoutError as exc:
             raise CommandError(f"Cannot read the queue: {exc}") from exc
-        self._print(health, measure_storage(), as_json=options["json"])
+        pauses = [describe(row) for row in open_pauses().values()]
+        self._print(health, measure_storage(), as_json=options["json"], pauses=pauses)
         # Every kind is held to the same thresholds: the order close, and each declared timer.
         kinds: list[tuple[str, Any]] = [*([("", health)] if health.closes_orders else []),
                                         *((f"timer {name}: ", figures) for name, figures in health.timers.items())]
@@ -119,14 +127,26 @@ class Command(BaseCommand):
             if options[option] is not None and getattr(figures, field, None) is not None
             and getattr(figures, field) > options[option]
         ]
+        now = timezone.now()
+        paused_too_long = [f"{pause.timer} paused for {(now - pause.since).total_seconds():.0f}s > --max-paused "
+                           f"{options['max_paused']:g} ({pause.reason})"
+                           for pause in pauses if options["max_paused"] is not None
+                           and (now - pause.since).total_seconds() > options["max_paused"]]
         if crossed:
-            raise CommandError("; ".join(crossed), returncode=THRESHOLD_CROSSED)
+            raise CommandError("; ".join(crossed + paused_too_long), returncode=THRESHOLD_CROSSED)
+        if paused_too_long:
+            raise CommandError("; ".join(paused_too_long), returncode=PAUSED_TOO_LONG)
 
-    def _print(self, health: Health, storage: Storage, *, as_json: bool) -> None:
+    def _print(self, health: Health, storage: Storage, *, as_json: bool, pauses: list[Paused]) -> None:
         figures = health.as_dict()
+        paused = [{"timer": pause.timer, "since": pause.since.isoformat(), "by": pause.by, "reason": pause.reason}
+                  for pause in pauses]
         if as_json:
-            self.stdout.write(json.dumps({**figures, "storage": storage.as_dict()}))
+            self.stdout.write(json.dumps({**figures, "paused": paused, "storage": storage.as_dict()}))
             return
+        for pause in pauses:
+            self.stdout.write(f"PAUSED {pause.timer} since {pause.since:%Y-%m-%d %H:%M:%S %Z} by {pause.by}: "
+                              f"{pause.reason}")
         timers = figures.pop("timers")
         if not figures.pop("closes_orders"):
             figures = {}

@@ -1,0 +1,239 @@
+"""Staff pause a timer while a payment provider is down, and resume it, giving back the time it took.
+
+While a timer is paused no consumer claims it and no scan acts on it; its members wait in Redis,
+payments are accepted, every other timer goes on. The pause lives in the database: a consumer
+restarted during it, or a Redis that lost its version, stays paused. Resuming acts at once on
+what fell due, or, with --give-back, moves each deadline inside the pause later by its length.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+from order_timeout.models import Order, Pause
+from order_timeout.queue import TimeoutQueue
+from order_timeout.scans.compensation import compensate
+from order_timeout.timers.pausing import PauseRefused, known_names, pause, resume
+from testproject.shop.models import Checkout, StockRecord, StockReservation
+
+from .conftest import both_redis, finish, running, wait_for
+from .helpers import expiries, state
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def command(*args: str) -> str:
+    out = io.StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+def paused(name: str = "close", reason: str = "PSP outage") -> None:
+    command("order_timeout_pause", "--timer", name, "--reason", reason)
+
+
+def reservation(in_seconds: float) -> StockReservation:
+    stock = StockRecord.objects.create(num_in_stock=10, num_allocated=1)
+    return StockReservation.objects.create(stockrecord=stock, checkout=Checkout.objects.create(),
+                                           expires_at=timezone.now() + timedelta(seconds=in_seconds))
+
+
+@both_redis
+def test_a_paused_close_closes_nothing_and_its_resume_closes_what_fell_due_at_once(make_order, consumer):
+    paused()
+    due = [make_order(in_seconds=-5) for _ in range(3)]
+
+    worker = consumer()
+    worker.run(once=True)
+    assert [state(order) for order in due] == ["unpaid"] * 3
+
+    command("order_timeout_resume")
+    consumer().run(once=True)
+
+    assert [expiries(order) for order in due] == [1, 1, 1]
+    assert [state(order) for order in due] == ["closed"] * 3
+
+
+def test_every_other_timer_goes_on_while_the_close_is_paused(make_order, consumer):
+    from order_timeout.timers.registry import registry
+
+    paused()
+    order = make_order(in_seconds=-5)
+    lapsing = reservation(in_seconds=-5)
+
+    consumer(kinds=registry.kinds()).run(once=True)
+
+    assert state(order) == "unpaid"
+    assert StockReservation.objects.get(pk=lapsing.pk).state == "released"
+
+
+def test_a_payment_during_a_pause_is_accepted_and_never_closed(make_order, consumer):
+    paused()
+    order = make_order(in_seconds=-5)
+
+    assert order.mark_paid() is True
+    command("order_timeout_resume")
+    consumer().run(once=True)
+
+    assert (state(order), expiries(order)) == ("paid", 0)
+
+
+def test_a_consumer_started_during_a_pause_stays_paused_even_if_redis_lost_its_version(make_order, consumer,
+                                                                                        redis_client):
+    paused()
+    redis_client.delete(TimeoutQueue.from_settings().global_keys.pauses)  # Redis came back empty of it
+    order = make_order(in_seconds=-5)
+
+    consumer().run(once=True)
+
+    assert state(order) == "unpaid"
+
+
+@both_redis
+def test_a_running_consumer_stops_claiming_a_paused_timer_within_a_heartbeat(make_order, consumer):
+    worker = consumer(heartbeat_seconds=0.6, max_wait=0.1, follow_database_clock=False, now=timezone.now)
+    with running(worker) as thread:
+        before = make_order(in_seconds=-1)
+        wait_for(lambda: state(before) == "closed")
+        paused()
+        # A heartbeat (a third of HEARTBEAT_SECONDS) tells the running consumer.
+        wait_for(lambda: worker.pauses.paused == frozenset({"close"}))
+        during = [make_order(in_seconds=-1) for _ in range(3)]
+        threading.Event().wait(1.0)
+        assert [state(order) for order in during] == ["unpaid"] * 3
+        command("order_timeout_resume")
+        wait_for(lambda: all(state(order) == "closed" for order in during))
+        worker.request_stop()
+    finish(thread)
+    assert [expiries(order) for order in during] == [1, 1, 1]
+
+
+def test_the_scan_leaves_a_paused_timer_alone(make_order):
+    paused()
+    overdue = make_order(in_seconds=-600)
+
+    result = compensate()
+
+    assert result.paused and result.closed == 0
+    assert state(overdue) == "unpaid"
+
+
+def test_give_back_moves_each_deadline_inside_the_pause_later_by_its_length(make_order, consumer):
+    started = timezone.now() - timedelta(seconds=120)
+    Pause.objects.create(timer="close", open_for="close", reason="PSP outage", paused_at=started)
+    before = make_order(in_seconds=-300)       # due before the pause: not given anything
+    inside = [make_order(in_seconds=-60), make_order(in_seconds=-10)]
+    just_after = make_order(in_seconds=300)    # within GIVE_BACK_GRACE (600 s) after the resume
+    later = make_order(in_seconds=3600)        # due long after: its own time is its own
+    deadlines = {order.pk: Order.objects.get(pk=order.pk).expires_at for order in [before, *inside, just_after, later]}
+
+    out = command("order_timeout_resume", "--give-back")
+    given = Pause.objects.get().given_back_seconds
+
+    assert 120 <= given < 130 and "gave" in out
+    now = {order.pk: Order.objects.get(pk=order.pk).expires_at for order in [before, *inside, just_after, later]}
+    assert now[before.pk] == deadlines[before.pk] and now[later.pk] == deadlines[later.pk]
+    for order in [*inside, just_after]:
+        assert now[order.pk] == deadlines[order.pk] + timedelta(seconds=given)
+    consumer().run(once=True)
+    # Due before the pause: closed; given back: still open, each closed at its new deadline, once.
+    assert (state(before), [state(order) for order in inside]) == ("closed", ["unpaid", "unpaid"])
+    assert Pause.objects.get().given_back_rows == 3
+
+
+def test_a_give_back_cut_short_goes_on_where_it_stopped_without_moving_a_row_twice(make_order, monkeypatch,
+                                                                                   settings):
+    from order_timeout.scans import giveback
+
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "COMPENSATION_CHUNK": 2}
+    Pause.objects.create(timer="close", open_for="close", reason="PSP outage",
+                         paused_at=timezone.now() - timedelta(seconds=100))
+    orders = [make_order(in_seconds=-50 + i) for i in range(5)]
+    deadlines = {order.pk: Order.objects.get(pk=order.pk).expires_at for order in orders}
+    chunks = giveback._Walk._chunk
+    calls: list[int] = []
+
+    def dies_after_one_chunk(self: Any, keys: list[Any], *, last: Any) -> list[Any]:
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("the deploy's SIGTERM")
+        return chunks(self, keys, last=last)
+
+    monkeypatch.setattr(giveback._Walk, "_chunk", dies_after_one_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        command("order_timeout_resume", "--give-back")
+    monkeypatch.setattr(giveback._Walk, "_chunk", chunks)
+    assert Pause.objects.get().resumed_at is None  # still paused: nothing acted on meanwhile
+    command("order_timeout_resume", "--give-back")
+
+    pause_row = Pause.objects.get()
+    moved = {order.pk: Order.objects.get(pk=order.pk).expires_at - deadlines[order.pk] for order in orders}
+    assert set(moved.values()) == {timedelta(seconds=pause_row.given_back_seconds)}
+    assert pause_row.given_back_rows == 5 and pause_row.resumed_at is not None
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["order_timeout_pause", "--timer", "nope", "--reason", "x"], "No timer named 'nope'"),
+    (["order_timeout_pause", "--reason", "  "], "needs a reason"),
+    (["order_timeout_resume"], "close is not paused"),
+])
+def test_a_bad_pause_or_resume_is_a_command_error_naming_it(args, says):
+    with pytest.raises(CommandError, match=says):
+        command(*args)
+
+
+def test_a_give_back_on_the_reminders_is_refused_naming_them(settings):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "REMINDERS": [60]}
+    paused("reminders")
+
+    with pytest.raises(CommandError, match="reminders has no deadline of its own"):
+        command("order_timeout_resume", "--timer", "reminders", "--give-back")
+    assert Pause.objects.get().resumed_at is None
+
+
+def test_two_staff_pausing_at_once_end_with_one_pause(transactional_db):
+    results: list[Any] = []
+    barrier = threading.Barrier(2)
+
+    def staff() -> None:
+        barrier.wait()
+        try:
+            results.append(pause(["close"], "PSP outage", known=known_names()))
+        except PauseRefused as refused:
+            results.append(refused)
+        finally:
+            from django.db import connection
+
+            connection.close()
+
+    threads = [threading.Thread(target=staff) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        finish(thread)
+
+    assert sorted(type(result).__name__ for result in results) == ["PauseRefused", "list"]
+    assert Pause.objects.filter(resumed_at__isnull=True).count() == 1
+    resume(["close"])
+    with pytest.raises(PauseRefused, match="not paused"):
+        resume(["close"])
+
+
+def test_status_shows_each_pause_and_fails_with_its_own_code_when_one_is_older_than_max_paused():
+    Pause.objects.create(timer="close", open_for="close", reason="PSP outage",
+                         paused_at=timezone.now() - timedelta(hours=2))
+
+    figures = json.loads(command("order_timeout_status", "--json", "--no-drift"))
+    with pytest.raises(CommandError) as crossed:
+        command("order_timeout_status", "--no-drift", "--max-paused", "3600")
+
+    assert [(pause["timer"], pause["reason"]) for pause in figures["paused"]] == [("close", "PSP outage")]
+    assert crossed.value.returncode == 3 and "close paused for" in str(crossed.value)
