@@ -23,12 +23,21 @@ class Refused(OrderTimeoutError, ValidationError):
     Its ``code`` is Django's generic ``"invalid"``, the one code every framework's error codes
     know (Saleor's ``OrderErrorCode.INVALID``: a code outside its enum fails the whole mutation);
     ``reason`` names the case for the shop's own code. ``str()`` is the message alone (not a
-    ValidationError's list)."""
+    ValidationError's list).
+
+    What a handler needs to answer it without parsing the message (an API's 409, a refund): the
+    refused row's model label (``"shop.ShopOrder"``) and primary key, and the timer whose act the
+    write would have undone (``"close"`` for the order close). Set by the app where it refuses;
+    None on a refusal raised without them (keyword-only, so older callers are unchanged)."""
 
     reason = "refused"
 
-    def __init__(self, message: Any, code: str = "invalid", params: dict[str, Any] | None = None) -> None:
+    def __init__(self, message: Any, code: str = "invalid", params: dict[str, Any] | None = None, *,
+                 model_label: str | None = None, pk: Any = None, timer: str | None = None) -> None:
         ValidationError.__init__(self, message, code, params)
+        self.model_label = model_label
+        self.pk = pk
+        self.timer = timer
 
     def __str__(self) -> str:
         message = str(self.message)
@@ -38,7 +47,9 @@ class Refused(OrderTimeoutError, ValidationError):
         return f"{type(self).__name__}({str(self)!r})"
 
     def __reduce__(self) -> Any:
-        return type(self), (self.message, self.code, self.params)
+        # The row's names travel as state: a refusal pickled (a Celery result, a cache) keeps them.
+        return type(self), (self.message, self.code, self.params), {
+            "model_label": self.model_label, "pk": self.pk, "timer": self.timer}
 
 
 class OrderClosed(Refused):

@@ -11,21 +11,25 @@ closed, the way ``AbstractBaseUser`` declares ``USERNAME_FIELD``.
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 from asgiref.sync import sync_to_async
 from django.conf import settings as django_settings
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models, router, transaction
 from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from .conf import settings
+from .db.apart import insert_apart
 from .db.columns import auto_now_values
-from .exceptions import OrderClosed, StaleOrderStatus
+from .exceptions import OrderClosed, Refused, StaleOrderStatus
+from .redaction import masked, one_line
 from .signals import timeout_state_changed
 
 logger = logging.getLogger("order_timeout")
@@ -34,6 +38,8 @@ logger = logging.getLogger("order_timeout")
 # in flight, HOLD_CONDITION) ran past MAX_HOLD.
 TIMEOUT_REASON = "timeout"
 HOLD_EXPIRED_REASON = "hold_expired"
+# The order close by the name staff see it under (a refused write's timer, a pause's).
+CLOSE_TIMER = "close"
 
 
 class Status(models.TextChoices):
@@ -248,7 +254,12 @@ class TimeoutOrderMixin(models.Model):
                        .filter(pk=self.pk).values_list(self.TIMEOUT_STATUS_FIELD, "expires_at", "closed_at")
                        .first())
             if current is not None and writes_status:
-                self._refuse_unsafe_move(*current)
+                try:
+                    self._refuse_unsafe_move(*current)
+                except Refused as refusal:
+                    if current[0] == self.TIMEOUT_CLOSED_STATUS:  # a close this save would undo
+                        RefusedWrite.record(refusal, self._close_fields_written(update_fields))
+                    raise
             if current is not None and writes_deadline:
                 self._keep_a_deadline_moved_meanwhile(current[1])
             if current is not None and writes_status and self._enters_unpaid(current):
@@ -275,6 +286,14 @@ class TimeoutOrderMixin(models.Model):
                    .values_list(self.TIMEOUT_STATUS_FIELD, "expires_at", "closed_at").first())
         if current is not None:
             self._refuse_unsafe_move(*current)
+
+    def _close_fields_written(self, update_fields: Iterable[str] | None) -> dict[str, Any]:
+        """What this copy would have written over the close's own columns (status, ``closed_at``,
+        ``close_reason``, ``CLOSE_FIELDS``): the values of a refused save, for staff."""
+        names = [self.TIMEOUT_STATUS_FIELD, "closed_at", "close_reason", *settings.CLOSE_FIELDS]
+        if update_fields is not None:
+            names = [name for name in names if name in update_fields]
+        return {name: getattr(self, name) for name in names}
 
     def _remember_db_state_on_commit(self, using: str, state: tuple[Any, Any]) -> None:
         """Only a committed save changes what the row holds: after a rollback the copy's
@@ -312,6 +331,7 @@ class TimeoutOrderMixin(models.Model):
         if new == current:
             return
         name = f"{type(self).__name__} {self.pk!r}"
+        row = self._refusal_names()
         unpaid = self.TIMEOUT_UNPAID_STATUSES
         if new in unpaid and current not in unpaid and current not in self.TIMEOUT_DRAFT_STATUSES \
                 and not self._never_scheduled((current, deadline, closed_at)):
@@ -325,16 +345,20 @@ class TimeoutOrderMixin(models.Model):
                         f"{type(self).__name__}.TIMEOUT_DRAFT_STATUSES)")
             raise StaleOrderStatus(
                 f"{name} is {current!r} in the database; refusing to move it back to the unpaid "
-                f"status {new!r}: {case}.")
+                f"status {new!r}: {case}.", **row)
         if current != self.TIMEOUT_CLOSED_STATUS:
             return
         if new == self.TIMEOUT_PAID_STATUS:
-            raise OrderClosed(f"{name} was closed by its deadline; it cannot be paid now.")
+            raise OrderClosed(f"{name} was closed by its deadline; it cannot be paid now.", **row)
         if getattr(self, "_db_state", (None, None))[0] != current:
             # This copy still thought the order open: its author never saw the close.
             raise StaleOrderStatus(
                 f"{name} is {current!r} (closed) in the database since this copy was loaded; "
-                f"refusing to move it to {new!r}.")
+                f"refusing to move it to {new!r}.", **row)
+
+    def _refusal_names(self) -> dict[str, Any]:
+        """What a refusal of this row's write carries: its model, its key, and the close."""
+        return {"model_label": self._meta.label, "pk": self.pk, "timer": CLOSE_TIMER}
 
     # -- payment and deadline ------------------------------------------------
 
@@ -362,7 +386,7 @@ class TimeoutOrderMixin(models.Model):
         setattr(self, self.TIMEOUT_STATUS_FIELD, current)
         self._remember_db_state()
         if current == self.TIMEOUT_CLOSED_STATUS:
-            raise OrderClosed(f"{type(self).__name__} {self.pk!r} was already closed.")
+            raise OrderClosed(f"{type(self).__name__} {self.pk!r} was already closed.", **self._refusal_names())
         return False
 
     def mark_paid(self, **fields: Any) -> bool:
@@ -370,10 +394,15 @@ class TimeoutOrderMixin(models.Model):
 
         Returns True when this call paid it and False when it was already
         settled otherwise (a retried payment callback). Raises ``OrderClosed``
-        when the deadline closed it first: the payment must then be refunded.
+        when the deadline closed it first: the payment must then be refunded, and a
+        ``RefusedWrite`` says so to staff, whatever the caller does with the refusal.
         """
-        paid = self._conditional_update(**{self.TIMEOUT_STATUS_FIELD: self.TIMEOUT_PAID_STATUS},
-                                        **fields)
+        values = {self.TIMEOUT_STATUS_FIELD: self.TIMEOUT_PAID_STATUS, **fields}
+        try:
+            paid = self._conditional_update(**values)
+        except OrderClosed as refusal:
+            RefusedWrite.record(refusal, values)
+            raise
         if paid:
             timeout_state_changed.send(sender=type(self), orders=[self])
         return paid
@@ -694,6 +723,17 @@ class Pause(models.Model):
         return self.resumed_at is None
 
 
+class RefusedWriteQuerySet(models.QuerySet["RefusedWrite"]):
+    def open(self) -> RefusedWriteQuerySet:
+        """Not handled yet: what waits for staff (along the ``handled_at`` index)."""
+        return self.filter(handled_at__isnull=True)
+
+    def mark_handled(self, by: Any, at: datetime) -> int:
+        """Mark the open ones among these handled by ``by`` (a user, or None) at ``at``; how many.
+        Conditional on still open, so two staff marking the same row at once mark it once."""
+        return self.open().update(handled_at=at, handled_by=by)
+
+
 class RefusedWrite(models.Model):
     """A write the app refused to let undo a deadline's act, for staff to act on: a stale copy's
     save over an acted-on row (a timer's ``guard_saves``), or a payment after the deadline closed
@@ -717,6 +757,8 @@ class RefusedWrite(models.Model):
     handled_by = models.ForeignKey(django_settings.AUTH_USER_MODEL, verbose_name=_("handled by"), null=True,
                                    blank=True, on_delete=models.SET_NULL, related_name="+")
 
+    objects = RefusedWriteQuerySet.as_manager()
+
     class Meta:
         verbose_name = _("refused write")
         verbose_name_plural = _("refused writes")
@@ -729,3 +771,39 @@ class RefusedWrite(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model} {self.object_id}: {self.get_refusal_display()}"
+
+    @property
+    def is_handled(self) -> bool:
+        return self.handled_at is not None
+
+    @classmethod
+    def record(cls, refusal: Refused, values: Mapping[str, Any]) -> None:
+        """Keep ``refusal`` for staff, with the ``values`` the refused write tried to write.
+
+        Written apart from the caller's transaction (``db.apart``), which the refusal rolls back.
+        Never raises: a refusal that cannot be recorded is still the caller's refusal, and is
+        logged instead (one line, ERROR)."""
+        row = cls(model=refusal.model_label or "", object_id=str(refusal.pk)[:64], timer=refusal.timer or "",
+                  refusal=cls.Refusal.PAID_AFTER_CLOSE if isinstance(refusal, OrderClosed) else cls.Refusal.STALE_SAVE,
+                  values=json_safe(values))
+        try:
+            insert_apart(row, router.db_for_write(cls))
+        except Exception as error:  # noqa: BLE001 - whatever it is, the caller gets its refusal
+            logger.error("refused write not recorded (%s %s, timer %s, %s): %s: %s", row.model, row.object_id,
+                         row.timer, row.refusal, type(error).__name__, one_line(masked(error)))
+
+
+class _LenientEncoder(DjangoJSONEncoder):
+    """Django's encoder (datetimes, decimals, UUIDs), and ``str()`` for whatever else a field holds."""
+
+    def default(self, o: Any) -> Any:
+        try:
+            return super().default(o)
+        except TypeError:
+            return str(o)
+
+
+def json_safe(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` as a JSON column holds them, whatever the fields held: a record never fails on
+    a value it cannot encode."""
+    return dict(json.loads(json.dumps(dict(values), cls=_LenientEncoder)))

@@ -45,6 +45,11 @@ if "django_tasks_db" in os.environ.get("BENCH_PEER_APPS", "").split(","):
 # Celery itself is installed (the demo's environment has neither).
 if find_spec("celery") is not None and find_spec("django_celery_beat") is not None:
     INSTALLED_APPS.append("django_celery_beat")
+# The shops' REST APIs (testproject/shop/api.py, testproject/tickets/api.py), where Django REST
+# framework is installed (the test dependency group has it); the app's refusals answer 409.
+if find_spec("rest_framework") is not None:
+    INSTALLED_APPS.append("rest_framework")
+    REST_FRAMEWORK = {"EXCEPTION_HANDLER": "order_timeout.contrib.rest_framework.exception_handler"}
 
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -1,3 +1,5 @@
+from importlib.util import find_spec
+
 from django.contrib import admin
 from django.urls import path
 
@@ -13,3 +15,12 @@ urlpatterns = [
     path("shop/orders/<str:pk>/pay", shop_views.pay),
     path("shop/orders/<str:pk>/extend", shop_views.extend),
 ]
+
+if find_spec("rest_framework") is not None:  # the shops' REST APIs, where DRF is installed
+    from testproject.shop.api import PayOrder
+    from testproject.tickets.api import PaymentConfirm
+
+    urlpatterns += [
+        path("shop/api/orders/<str:pk>/pay", PayOrder.as_view()),
+        path("tickets/api/payments/<int:pk>/confirm", PaymentConfirm.as_view()),
+    ]

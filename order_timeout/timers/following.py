@@ -16,6 +16,10 @@ looked up instead), so an ordinary save costs no query.
 A ``final`` timer refuses, on the model's save path (``pre_save``), a save
 that moves a row it acted on away from what its act wrote: the move to paid
 after a close raises ``OrderClosed``.
+
+Every save either guard refuses is kept for staff (``RefusedWrite``, with what it tried to
+write): the shop's own code may have committed something the row no longer agrees with (a
+payment's row, captured money) before its save of the row was refused.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from django.db.models import Q
 from django.db.models.signals import post_delete, post_init, post_save, pre_save
 
 from ..exceptions import OrderClosed, StaleOrderStatus
+from ..models import RefusedWrite
 from .kind import NOW
 from .syncing import follow, forget
 
@@ -225,6 +230,8 @@ def _guarding(timer: Kind) -> Any:
     written = _act_written(timer)
     fields = {timer.model._meta.get_field(name).name for name in timer.values if timer.values[name] is not NOW}
     unacted = ~Q(**{name: value for name, value in timer.values.items() if value is not NOW})
+    # Every field the act writes (its NOW ones too), by name: what a refused save is recorded with.
+    acted_fields = [timer.model._meta.get_field(name) for name in timer.values]
 
     def guard(sender: Any, instance: Any, raw: bool = False, update_fields: Any = None, **kwargs: Any) -> None:
         instance.__dict__.pop(UPDATE_HOOK, None)
@@ -240,11 +247,14 @@ def _guarding(timer: Kind) -> Any:
             instance.__dict__.pop(UPDATE_HOOK, None)
             updated = type(instance)._do_update(instance, base_qs.filter(unacted), *args, **kwargs)
             if not updated and base_qs.filter(pk=instance.pk).exists():
-                raise StaleOrderStatus(
+                refusal = StaleOrderStatus(
                     f"{sender.__name__} {instance.pk!r} was acted on by its timer {timer.name!r} "
                     f"({', '.join(f'{name}={value!r}' for name, value in written.items())}) after this copy "
                     "was read; refusing to write over it. Read the row again: an acted-on row takes the "
-                    "shop's own path (a late payment, a reopening).")
+                    "shop's own path (a late payment, a reopening).",
+                    model_label=sender._meta.label, pk=instance.pk, timer=timer.name)
+                RefusedWrite.record(refusal, _tried(instance, acted_fields, update_fields))
+                raise refusal
             return updated
 
         instance.__dict__[UPDATE_HOOK] = update
@@ -255,6 +265,7 @@ def _guarding(timer: Kind) -> Any:
 def _guard(timer: Kind) -> Any:
     """pre_save: refuse to move a row the timer acted on away from what its act wrote."""
     written = {name: value for name, value in timer.values.items() if value is not NOW}
+    acted_fields = [timer.model._meta.get_field(name) for name in timer.values]
 
     def guard(sender: Any, instance: Any, raw: bool = False, update_fields: Any = None, **kwargs: Any) -> None:
         if raw or instance._state.adding or instance.pk is None or not written:
@@ -265,9 +276,19 @@ def _guard(timer: Kind) -> Any:
         using = kwargs.get("using") or router.db_for_write(sender, instance=instance)
         current = sender._base_manager.db_manager(using).filter(pk=instance.pk).values(*written).first()
         if current is not None and current == written:
-            raise OrderClosed(
+            refusal = OrderClosed(
                 f"{str(sender._meta.verbose_name).capitalize()} {instance.pk} was acted on at its deadline (its "
                 f"timer {timer.name!r} wrote {', '.join(f'{name} {value!r}' for name, value in written.items())}) "
-                "and can no longer be moved away from that.")
+                "and can no longer be moved away from that.",
+                model_label=sender._meta.label, pk=instance.pk, timer=timer.name)
+            RefusedWrite.record(refusal, _tried(instance, acted_fields, update_fields))
+            raise refusal
 
     return guard
+
+
+def _tried(instance: Any, fields: list[Any], update_fields: Any) -> dict[str, Any]:
+    """What a refused save would have written over the act: the fields the act writes that the
+    save writes too (every field, or those ``update_fields`` names), as this copy holds them."""
+    return {field.attname: getattr(instance, field.attname) for field in fields
+            if update_fields is None or field.name in update_fields or field.attname in update_fields}

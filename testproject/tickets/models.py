@@ -51,3 +51,20 @@ class SeatHold(models.Model):
     seat = models.CharField(max_length=16)
     state = models.CharField(max_length=16, default="held")
     hold_until = models.DateTimeField(null=True, blank=True)
+
+
+class PaymentState(models.TextChoices):
+    CREATED = "created"
+    CONFIRMED = "confirmed"
+    REFUNDED = "refunded"
+
+
+class Payment(models.Model):
+    """One payment of an order, a row of its own beside it (the shop's ``OrderPayment``): its
+    PayPal webhook, staff's "payment received" button and its REST API each confirm it."""
+
+    order = models.ForeignKey(TicketOrder, related_name="payments", on_delete=models.CASCADE)
+    provider = models.CharField(max_length=32, default="paypal")
+    amount = models.DecimalField(max_digits=10, decimal_places=2, default=Decimal("10.00"))
+    state = models.CharField(max_length=16, choices=PaymentState.choices, default=PaymentState.CREATED)
+    confirmed_at = models.DateTimeField(null=True, blank=True)
