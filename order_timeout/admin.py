@@ -11,15 +11,17 @@ from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils import timezone
+from django.utils import formats, timezone
 from django.utils.translation import gettext_lazy as _, ngettext
+from django.views.decorators.http import require_POST
 
 from .conf import settings
 from .exceptions import QueueUnavailable, Refused
-from .models import DeadLetter, Deadline, Notice, Order, QueueEpoch, Reminder, TimeoutOverview
+from .models import DeadLetter, Deadline, Notice, Order, Pause, QueueEpoch, Reminder, TimeoutOverview
 from .ordermodel import get_order_model
 from .reporting import overview
-from .timers import staff
+from .scans.giveback import GiveBack, can_give_back, give_back
+from .timers import pausing, staff
 
 
 class OverdueFilter(admin.SimpleListFilter):
@@ -291,6 +293,35 @@ class NoticeAdmin(ViewOnlyAdmin):
         return [name for name in fields if name not in self.private_fields]
 
 
+@admin.register(Pause)
+class PauseAdmin(ViewOnlyAdmin):
+    """Every pause and its resume, newest first: which timer, paused when, by whom and why, resumed when
+    and by whom, and what was given back. Read-only: the record of what staff did in an outage is
+    written by the pause and resume themselves (the "Order timeouts" page's forms and the commands)."""
+
+    list_display = ("timer", "paused_at", "paused_by_whom", "reason", "resumed_at", "resumed_by_whom",
+                    "seconds_given_back", "given_back_rows")
+    list_filter = ("timer", "paused_at", "resumed_at")
+    list_select_related = ("paused_by", "resumed_by")
+    search_fields = ("timer", "reason")
+    date_hierarchy = "paused_at"
+    ordering = ("-paused_at", "-pk")
+
+    @admin.display(description=_("paused by"), ordering="paused_by")
+    def paused_by_whom(self, row: Pause) -> str:
+        return row.paused_by.get_username() if row.paused_by is not None else str(_("a command"))
+
+    @admin.display(description=_("resumed by"), ordering="resumed_by")
+    def resumed_by_whom(self, row: Pause) -> str:
+        if row.resumed_at is None:
+            return ""
+        return row.resumed_by.get_username() if row.resumed_by is not None else str(_("a command"))
+
+    @admin.display(description=_("seconds given back"), ordering="given_back_seconds")
+    def seconds_given_back(self, row: Pause) -> float | None:
+        return None if row.given_back_seconds is None else round(row.given_back_seconds, 1)
+
+
 @admin.register(QueueEpoch)
 class QueueEpochAdmin(ViewOnlyAdmin):
     """Each queue's epoch, and how often a consumer rebuilt it after Redis lost it."""
@@ -303,14 +334,17 @@ class QueueEpochAdmin(ViewOnlyAdmin):
 class TimeoutOverviewAdmin(ViewOnlyAdmin):
     """The "Order timeouts" page: how the queue is doing, for staff with its view permission.
 
-    The model has no table, so the page is its only URL: the change, history,
-    delete and add URLs a ModelAdmin registers would read a table that does
+    The model has no table, so the page and its pause box's two forms are its only URLs: the
+    change, history, delete and add URLs a ModelAdmin registers would read a table that does
     not exist; without them the admin answers 404.
     """
 
     def get_urls(self) -> list[URLPattern]:
-        name = f"{self.opts.app_label}_{self.opts.model_name}_changelist"
-        return [path("", self.admin_site.admin_view(self.changelist_view), name=name)]
+        name = f"{self.opts.app_label}_{self.opts.model_name}"
+        view = self.admin_site.admin_view  # login, staff and the CSRF check
+        return [path("", view(self.changelist_view), name=f"{name}_changelist"),
+                path("pause/", view(require_POST(self.pause_view)), name=f"{name}_pause"),
+                path("resume/", view(require_POST(self.resume_view)), name=f"{name}_resume")]
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
         if not self.has_view_permission(request):
@@ -324,9 +358,11 @@ class TimeoutOverviewAdmin(ViewOnlyAdmin):
             if open_letters == OPEN_LETTERS:
                 open_letters = DeadLetter.objects.filter(resolved_at__isnull=True).count()
         dead_letters_url = reverse("admin:order_timeout_deadletter_changelist") if may["view"] else ""
+        figures = overview.context(request)
         context = {
             **self.admin_site.each_context(request),
-            **overview.context(request),
+            **figures,
+            **self.pause_forms(request, figures["pauses"]),
             "title": _("Order timeouts"),
             "opts": self.model._meta,
             "overdue_url": _overdue_orders_url(self.admin_site, request),
@@ -341,6 +377,114 @@ class TimeoutOverviewAdmin(ViewOnlyAdmin):
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/order_timeout/overview.html", context)
+
+    def may_pause(self, request: HttpRequest) -> bool:
+        """Pausing and resuming take a permission of their own: a pause stops every close of the shop."""
+        return self.has_view_permission(request) and request.user.has_perm(PAUSE_PERMISSION)
+
+    def pause_forms(self, request: HttpRequest, pauses: list[pausing.Paused]) -> dict[str, Any]:
+        """What the pause box's forms need, for those who may use them: the timers not paused yet, and
+        the paused ones a give-back can move (the checkbox shows only where it can work); and the
+        link to every pause and resume, for those who may read them."""
+        site = self.admin_site
+        history = site.is_registered(Pause) and site.get_model_admin(Pause).has_view_permission(request)
+        pauses_url = reverse(f"{site.name}:order_timeout_pause_changelist") if history else ""
+        if not self.may_pause(request):
+            return {"can_pause": False, "pauses_url": pauses_url}
+        paused = {pause.timer for pause in pauses}
+        return {
+            "can_pause": True,
+            "pauses_url": pauses_url,
+            "pausable": [name for name in pausing.known_names() if name not in paused],
+            "giving_back": [pause.timer for pause in pauses if _gives_time_back(pause.timer)],
+            "give_back_grace": settings.GIVE_BACK_GRACE,
+            "pause_url": reverse(self._url_name("pause")),
+            "resume_url": reverse(self._url_name("resume")),
+        }
+
+    def pause_view(self, request: HttpRequest) -> HttpResponseRedirect:
+        """Pause the chosen timer for the reason given, by this user: ``order_timeout_pause``'s call."""
+        if not self.may_pause(request):
+            raise PermissionDenied
+        try:
+            created = pausing.pause(request.POST.getlist("timer"), request.POST.get("reason", ""),
+                                    known=pausing.known_names(), user=request.user)
+        except pausing.PauseRefused as refusal:
+            self.message_user(request, str(refusal), messages.ERROR)
+        else:
+            for row in created:
+                self.message_user(request, _("Paused %(timer)s: %(reason)s. Nothing of it is claimed or acted on "
+                                             "until it is resumed.") % {"timer": row.timer, "reason": row.reason},
+                                  messages.SUCCESS)
+        return HttpResponseRedirect(reverse(self._url_name("changelist")))
+
+    def resume_view(self, request: HttpRequest) -> HttpResponseRedirect:
+        """Resume the timer, giving the time back when the box is ticked: what ``order_timeout_resume
+        [--give-back]`` does, through the same functions in the same order (every give-back refused
+        before anything moves; each one run while its timer is still paused)."""
+        if not self.may_pause(request):
+            raise PermissionDenied
+        names = request.POST.getlist("timer")
+        back = bool(request.POST.get("give_back"))
+        now = timezone.now()
+        given: dict[str, GiveBack] = {}
+
+        def giving_back(pause: Pause) -> None:
+            given[pause.timer] = give_back(pausing.kind_named(pause.timer), pause, resume_at=now)
+
+        try:
+            if not names:
+                raise pausing.PauseRefused("Name the timer to resume.")
+            if back:
+                paused = pausing.open_pauses()
+                for name in names:
+                    if name in paused:
+                        can_give_back(pausing.kind_named(name))
+            ended = pausing.resume(names, user=request.user, now=now,
+                                   before_resuming=giving_back if back else None)
+        except pausing.PauseRefused as refusal:
+            self.message_user(request, str(refusal), messages.ERROR)
+        else:
+            for row in ended:
+                self._report_resume(request, row, given.get(row.timer))
+        return HttpResponseRedirect(reverse(self._url_name("changelist")))
+
+    def _report_resume(self, request: HttpRequest, row: Pause, back: GiveBack | None) -> None:
+        values = {"timer": row.timer, "since": formats.localize(timezone.localtime(row.paused_at)),
+                  "reason": row.reason}
+        if back is None:
+            self.message_user(request, _("Resumed %(timer)s, paused since %(since)s (%(reason)s): what fell due "
+                                         "is acted on now.") % values, messages.SUCCESS)
+            return
+        assert back.until is not None
+        values.update(seconds=round(back.seconds), rows=back.moved, busy=back.busy,
+                      until=formats.localize(timezone.localtime(back.until)))
+        self.message_user(request, ngettext(
+            "Resumed %(timer)s, paused since %(since)s (%(reason)s); gave %(seconds)d s back to %(rows)d row "
+            "due before %(until)s.",
+            "Resumed %(timer)s, paused since %(since)s (%(reason)s); gave %(seconds)d s back to %(rows)d rows "
+            "due before %(until)s.", back.moved) % values, messages.SUCCESS)
+        if back.busy:
+            self.message_user(request, ngettext(
+                "%(timer)s: %(busy)d row was locked elsewhere (a payment being confirmed?) and kept its deadline.",
+                "%(timer)s: %(busy)d rows were locked elsewhere (payments being confirmed?) and kept their "
+                "deadlines.", back.busy) % values, messages.WARNING)
+
+    def _url_name(self, view: str) -> str:
+        return f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_{view}"
+
+
+# Pausing and resuming timers from the page (the Pause model's own permission).
+PAUSE_PERMISSION = "order_timeout.pause_timers"
+
+
+def _gives_time_back(name: str) -> bool:
+    """Whether a give-back can move the paused timer's deadlines (not the reminders', the notices')."""
+    try:
+        can_give_back(pausing.kind_named(name))
+    except pausing.PauseRefused:
+        return False
+    return True
 
 
 # The overview's buttons act on at most this many open dead letters at once (the oldest).

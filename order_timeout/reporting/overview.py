@@ -21,6 +21,7 @@ from django.utils.translation import gettext as _, ngettext
 from ..conf import settings
 from ..models import TIMEOUT_REASON, TimeoutOrderMixin
 from ..ordermodel import get_order_model
+from ..timers.pausing import Paused, describe, open_pauses
 from .health import Health, measure
 from .storage import Storage, measure_storage
 
@@ -252,8 +253,14 @@ def _seconds(value: float) -> str:
     return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.1f} s"
 
 
+def paused_timers() -> list[Paused]:
+    """The timers staff paused, oldest pause first: the page's top box, read from the database (where
+    a pause lives) so it shows even when Redis cannot be read."""
+    return sorted((describe(row) for row in open_pauses().values()), key=lambda pause: pause.since)
+
+
 def context(request: Any, now: datetime | None = None) -> dict[str, Any]:
     """What the template shows."""
     now = now or timezone.now()
     data = overview(now)
-    return {"overview": data, "chart": lateness_svg(data.minutes, now=now)}
+    return {"overview": data, "chart": lateness_svg(data.minutes, now=now), "pauses": paused_timers()}
