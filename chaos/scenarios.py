@@ -26,7 +26,7 @@ from order_timeout import get_order_model
 from order_timeout.models import DeadLetter, Notice, QueueEpoch, Reminder
 from order_timeout.scans.recovery import LOSSES, REBUILT
 
-from . import bounds, invariants, kinds, orders, queueview
+from . import bounds, invariants, kinds, orders, outage, queueview
 from .beat import Beat
 from .consumers import ConsumerPool
 from .lab import Lab
@@ -360,6 +360,98 @@ def payments(lab: Lab) -> Story:
     story.facts.update({"payments that won": answers.get(Payment.Outcome.PAID, 0),
                         "payments refused (refund)": answers.get(Payment.Outcome.REFUND, 0),
                         "latest answer after its planned moment (s)": round(lag, 2)})
+    return story
+
+
+# -- staff pause the close while the payment provider is down ----------------------------------
+
+DUE_BEFORE_PAUSE = "due before the pause"
+DUE_IN_PAUSE = "due in the pause (given back)"
+# Role.cohort holds 40 characters.
+DUE_AFTER_RESUME = "due after the resume, within the grace"
+PAID_WHILE_PAUSED = "paid while paused"
+PAID_IN_TIME_GIVEN_BACK = "paid in the time given back"
+
+
+@scenario("pause", "staff pause the close mid-burst (a payment provider down), a consumer SIGKILLed and restarted "
+                   "during the pause, payments accepted meanwhile; resumed with --give-back")
+def pause(lab: Lab) -> Story:
+    """docs/operations.md's runbook, played against a burst: ``order_timeout_pause`` a third of the
+    way through the deadlines; once the pause has reached every consumer, consumer 0 SIGKILLed (its
+    supervisor starts it again: it must stay paused) and a fifth of the orders already due paid (each
+    payment accepted); paused until a beat's scan has met orders overdue past COMPENSATION_GRACE
+    (and left them alone), so several heartbeats; then ``order_timeout_resume --give-back``. A third
+    of the orders given the time back whose old deadline had passed are paid in that time, before
+    their new deadline (each payment accepted: without the give-back they were closed at the resume).
+    A full run's deadlines go on past the resume: those within GIVE_BACK_GRACE are given the time too.
+    """
+    t = lab.tuning
+    reach = outage.reach(t)
+    with (lab.consumers(CONSUMERS) as pool, lab.beat() as beat,
+          outage.staff("PSP outage: 3-D Secure failing (the fault run)") as staff):
+        created = lab.create_orders(cohort=DUE_IN_PAUSE)
+        before = _deadlines(created.ids)
+        lab.wait_until(_third_of_the_way(lab, created.first_deadline))
+        paused = staff.pause_close()
+        orders.assign([pk for pk, due in before.items() if due < paused.paused_at], DUE_BEFORE_PAUSE)
+        assert staff.paused_by_db is not None
+        lab.wait_until(lab.after(staff.paused_by_db, reach.seconds))
+        restarted, stayed_paused = outage.kill_and_see_it_paused(pool, lab.logs)
+        model = get_order_model()
+        waiting = dict(model._base_manager.filter(model.unpaid_q(), pk__in=created.ids, expires_at__lte=lab.now())
+                       .values_list("pk", "expires_at"))
+        paying = random.sample(sorted(waiting), len(waiting) // 5)
+        orders.assign(paying, PAID_WHILE_PAUSED)
+        outage.pay_now(paying)
+        # Overdue past the scan's grace: a scan that started then would close them, were they not paused.
+        overdue_for_the_scan = lab.after(min(waiting.values(), default=lab.now()), t.compensation_grace)
+        scanned = beat.scanned_since(overdue_for_the_scan, timeout=t.compensation_interval + 30)
+        still_open = model._base_manager.filter(model.unpaid_q(), pk__in=created.ids).values_list("pk", flat=True)
+        members = [queueview.member_of(pk) for pk in still_open]
+        in_redis = queueview.present_among(members)
+        letters = DeadLetter.objects.count()
+        resumed = staff.resume_close(give_back=True)
+        assert staff.resumed_at is not None and resumed.resumed_at is not None
+        after = _deadlines(created.ids)
+        given_back = [pk for pk in created.ids if after[pk] != before[pk] and before[pk] < resumed.resumed_at
+                      and after[pk] >= lab.after(staff.resumed_at, 1.0)]
+        in_time = random.sample(given_back, len(given_back) // 3)
+        orders.assign(in_time, PAID_IN_TIME_GIVEN_BACK)
+        later = [pk for pk in created.ids if before[pk] >= resumed.resumed_at]
+        orders.assign(later, DUE_AFTER_RESUME)
+        orders.pay_at({pk: after[pk] - timedelta(seconds=random.uniform(0.3, 0.8)) for pk in in_time}, threads=4)
+        back = outage.resumed(t)
+        story = lab.settle(Story([Cohort(DUE_BEFORE_PAUSE, Expect.CLOSED, back),
+                                  Cohort(DUE_IN_PAUSE, Expect.CLOSED, back),
+                                  *([Cohort(DUE_AFTER_RESUME, Expect.CLOSED, back)] if later else []),
+                                  Cohort(PAID_WHILE_PAUSED, Expect.PAID, None),
+                                  # A payment the harness makes late, past the new deadline, may meet the close.
+                                  Cohort(PAID_IN_TIME_GIVEN_BACK, Expect.PAID_OR_CLOSED, back)],
+                                 heal_at=staff.resumed_at))
+        scans = [scan for scan in beat.scans if overdue_for_the_scan < scan.started_at and scan.ended_at
+                 < staff.resumed_at]
+    checks, facts = outage.pause_checks(staff, before, set(paying), t)
+    accepted = Payment.objects.filter(order_id__in=in_time, outcome=Payment.Outcome.PAID).count()
+    story.checks += [
+        *checks,
+        Check("the consumer SIGKILLed during the pause came back and stayed paused", restarted and stayed_paused,
+              "not restarted" if not restarted else f"its log since its start lacks {outage.PAUSED_HERE!r}"),
+        Check("a scan ran while paused, past COMPENSATION_GRACE of the waiting orders, and left them alone",
+              scanned and bool(scans), f"{len(scans)} scans started after {overdue_for_the_scan:%H:%M:%S.%f} "
+                                       "and ended before the resume"),
+        Check("every order waiting for the resume kept its member in Redis", len(in_redis) == len(members),
+              f"{len(members) - len(in_redis)} of {len(members)} missing"),
+        Check("nothing dead-lettered while paused", letters == 0, f"{letters} dead letters"),
+        Check("orders were due while paused, and paid then", bool(waiting) and bool(paying),
+              f"{len(waiting)} due and waiting, {len(paying)} paid"),
+        Check("a payment in the time given back was accepted", accepted > 0,
+              f"{accepted} of {len(in_time)}"),
+    ]
+    story.facts.update({**facts, "waiting when the pause had reached every consumer": len(waiting),
+                        "payments accepted while paused": Payment.objects.filter(
+                            order_id__in=paying, outcome=Payment.Outcome.PAID).count(),
+                        "payments in the time given back (accepted)": f"{len(in_time)} ({accepted})",
+                        "scans while paused past the grace": len(scans)})
     return story
 
 
