@@ -3,25 +3,30 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from django.apps import apps
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path, reverse
+from django.urls import NoReverseMatch, URLPattern, path, reverse
 from django.utils import formats, timezone
+from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _, ngettext
 from django.views.decorators.http import require_POST
 
 from .conf import settings
 from .exceptions import QueueUnavailable, Refused
-from .models import DeadLetter, Deadline, Notice, Order, Pause, QueueEpoch, Reminder, TimeoutOverview
+from .models import DeadLetter, Deadline, Notice, Order, Pause, QueueEpoch, RefusedWrite, Reminder, TimeoutOverview
 from .ordermodel import get_order_model
 from .reporting import overview
 from .scans.giveback import GiveBack, can_give_back, give_back
 from .timers import pausing, staff
+
+if TYPE_CHECKING:
+    from .models import RefusedWriteQuerySet
 
 
 class OverdueFilter(admin.SimpleListFilter):
@@ -233,6 +238,80 @@ class DeadLetterAdmin(admin.ModelAdmin):
         _report(self, request, staff.drop(queryset, request.user, timezone.now()))
 
 
+class HandledFilter(admin.SimpleListFilter):
+    title = _("handled")
+    parameter_name = "handled"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [("no", _("Waiting for staff")), ("yes", _("Handled"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[RefusedWrite]) -> QuerySet[RefusedWrite]:
+        if self.value() in ("yes", "no"):
+            return queryset.filter(handled_at__isnull=self.value() == "no")
+        return queryset
+
+
+@admin.register(RefusedWrite)
+class RefusedWriteAdmin(admin.ModelAdmin):
+    """The writes the app refused over a deadline's act, for staff to act on: a payment after its order
+    closed, a stale copy's save over an acted-on row. The shop's own code may have taken the money (or
+    committed a payment's row) before the order's write was refused: refund it, or put the order right
+    the shop's own way, then mark the row handled.
+
+    Read-only but for that action, which takes the model's change permission; never added or deleted
+    here (the prune deletes the handled ones after ``DEAD_LETTER_RETENTION``).
+    """
+
+    list_display = ("at", "row", "model", "timer", "refusal", "values", "handled_at", "handled_by")
+    list_filter = (HandledFilter, "refusal", "timer", "model", "at")
+    list_select_related = ("handled_by",)
+    search_fields = ("=object_id",)
+    date_hierarchy = "at"
+    actions = ["mark_handled"]
+    readonly_fields = [field.name for field in RefusedWrite._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # The change permission is the action's; a row's own page is for reading.
+        return obj is None and super().has_change_permission(request)
+
+    @admin.display(description=_("object id"), ordering="object_id")
+    def row(self, refused: RefusedWrite) -> str:
+        """The refused row, linked to its page in this admin where it has one."""
+        url = _change_url(self.admin_site, refused.model, refused.object_id)
+        return format_html('<a href="{}">{}</a>', url, refused.object_id) if url else refused.object_id
+
+    @admin.action(description=_("Mark handled (refunded, or put right by staff)"), permissions=["change"])
+    def mark_handled(self, request: HttpRequest, queryset: RefusedWriteQuerySet) -> None:
+        marked = queryset.mark_handled(request.user, timezone.now())
+        if marked:
+            self.message_user(request, ngettext("%d refused write marked handled.",
+                                                "%d refused writes marked handled.", marked) % marked,
+                              messages.SUCCESS)
+        else:
+            self.message_user(request, _("Nothing to do: the selected refused writes were handled already."),
+                              messages.INFO)
+
+
+def _change_url(site: admin.AdminSite, label: str, object_id: str) -> str:
+    """The admin page of the row ``label`` and ``object_id`` name, or "" where it has none here."""
+    try:
+        model = apps.get_model(label)
+    except (LookupError, ValueError):
+        return ""
+    if not site.is_registered(model):
+        return ""
+    try:
+        return reverse(f"{site.name}:{model._meta.app_label}_{model._meta.model_name}_change", args=[object_id])
+    except NoReverseMatch:
+        return ""
+
+
 class ViewOnlyAdmin(admin.ModelAdmin):
     """Staff may look, never add, change or delete: the rows are the app's own records."""
 
@@ -367,6 +446,7 @@ class TimeoutOverviewAdmin(ViewOnlyAdmin):
             "opts": self.model._meta,
             "overdue_url": _overdue_orders_url(self.admin_site, request),
             "dead_letters_url": f"{dead_letters_url}?resolved=no" if dead_letters_url else "",
+            "refused_writes_url": _refused_writes_url(self.admin_site, request),
             "dead_letters_action_url": dead_letters_url,
             "dead_letters": letters,
             "open_dead_letters": open_letters,
@@ -517,3 +597,11 @@ def _overdue_orders_url(site: admin.AdminSite, request: HttpRequest) -> str:
         return ""
     url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
     return f"{url}?deadline=overdue" if isinstance(registered, TimeoutOrderAdminMixin) else url
+
+
+def _refused_writes_url(site: admin.AdminSite, request: HttpRequest) -> str:
+    """The refused writes waiting for staff, for a user who may see them here."""
+    if not site.is_registered(RefusedWrite) or \
+            not site.get_model_admin(RefusedWrite).has_view_or_change_permission(request):
+        return ""
+    return f"{reverse(f'{site.name}:order_timeout_refusedwrite_changelist')}?handled=no"

@@ -107,7 +107,7 @@ def test_a_retention_of_none_keeps_that_kind_of_row_for_ever(retention, settings
 
     result = prune()
 
-    assert result.deleted == {"notices": 0, "reminders": 0, "dead_letters": 1}
+    assert result.deleted == {"notices": 0, "reminders": 0, "dead_letters": 1, "refused_writes": 0}
     assert Reminder.objects.filter(pk=kept.pk).exists() and not DeadLetter.objects.filter(pk=gone.pk).exists()
 
 
@@ -117,7 +117,7 @@ def test_a_dry_run_counts_what_would_go_and_deletes_nothing(retention):
 
     result = prune(dry_run=True)
 
-    assert result.deleted == {"notices": 0, "reminders": 1, "dead_letters": 1}
+    assert result.deleted == {"notices": 0, "reminders": 1, "dead_letters": 1, "refused_writes": 0}
     assert (Reminder.objects.count(), DeadLetter.objects.count()) == (1, 1)
 
 
@@ -212,8 +212,8 @@ def test_what_the_prune_deleted_is_kept_for_the_metrics_and_the_admin(retention)
 
     record = TimeoutQueue.from_settings().housekeeping.prune_record()
 
-    assert record.totals == {"notices": 0, "reminders": 2, "dead_letters": 1}
-    assert record.last == {"notices": 0, "reminders": 1, "dead_letters": 1}
+    assert record.totals == {"notices": 0, "reminders": 2, "dead_letters": 1, "refused_writes": 0}
+    assert record.last == {"notices": 0, "reminders": 1, "dead_letters": 1, "refused_writes": 0}
     assert record.at_ms is not None
 
 
@@ -227,8 +227,10 @@ def test_the_prune_command_says_what_it_deleted_and_draws_its_progress_on_a_term
     terminal = Terminal()
     call_command("order_timeout_prune", stdout=terminal)
 
-    assert "Would delete 0 notices, 3 reminder records and 1 resolved dead letter" in dry.getvalue()
-    assert "Deleted 0 notices, 3 reminder records and 1 resolved dead letter" in terminal.getvalue()
+    assert ("Would delete 0 notices, 3 reminder records, 1 resolved dead letter and 0 handled refused writes"
+            in dry.getvalue())
+    assert ("Deleted 0 notices, 3 reminder records, 1 resolved dead letter and 0 handled refused writes"
+            in terminal.getvalue())
     assert frames(terminal.getvalue())[-1].endswith(" 4/4")
     assert (Reminder.objects.count(), DeadLetter.objects.count()) == (0, 0)
 

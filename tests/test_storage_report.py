@@ -43,7 +43,8 @@ def test_the_status_command_shows_each_app_tables_size_and_retention(retention):
     text = io.StringIO()
     call_command("order_timeout_status", "--no-drift", stdout=text)
 
-    assert set(storage["tables"]) == {"notices", "reminders", "dead_letters", "deadlines", "queue_epochs"}
+    assert set(storage["tables"]) == {"notices", "reminders", "dead_letters", "refused_writes", "deadlines",
+                                      "queue_epochs"}
     reminders = storage["tables"]["reminders"]
     assert (reminders["table"], reminders["rows"], reminders["retention_seconds"]) == (
         "order_timeout_reminder", 5, DAY)

@@ -14,7 +14,7 @@ from django.db import router
 from django.utils import timezone
 
 from ..conf import settings
-from ..models import DeadLetter, TimeoutOrderMixin
+from ..models import DeadLetter, RefusedWrite, TimeoutOrderMixin
 from ..ordermodel import get_order_model
 from ..queue import QueueStats, TimeoutQueue
 from ..queue.keys import REMIND
@@ -83,24 +83,28 @@ class Health(Backlog):
     # Unpaid rows past their deadline that HOLD_CONDITION holds, within MAX_HOLD: waiting for
     # their payment, not late (past MAX_HOLD they count as overdue).
     held_in_database: int = 0
+    # Writes the app refused over a deadline's act (a payment after its order closed, a stale
+    # save), every timer's, not handled by staff yet: money may wait to be refunded.
+    refused_writes: int = 0
     # Each timer a shop declared, by name: its own backlog (``TimerHealth``).
     timers: dict[str, TimerHealth] = field(default_factory=dict)
     # False when ORDER_MODEL is None: no order close, its figures neither read nor shown.
     closes_orders: bool = True
 
     def as_dict(self) -> dict[str, Any]:
-        """Every figure; with no order close, only the timers' (and ``closes_orders``)."""
+        """Every figure; with no order close, only the timers' and the app's own (and ``closes_orders``)."""
         figures = asdict(self)
         if not self.closes_orders:
-            return {"closes_orders": False, "timers": figures["timers"]}
+            return {"closes_orders": False, "refused_writes": self.refused_writes, "timers": figures["timers"]}
         return figures
 
     @classmethod
-    def of_timers(cls, timers: dict[str, TimerHealth]) -> Health:
-        """The health of a project with no order close (ORDER_MODEL None): its timers only."""
+    def of_timers(cls, timers: dict[str, TimerHealth], **app_figures: Any) -> Health:
+        """The health of a project with no order close (ORDER_MODEL None): its timers only, and the
+        figures of the app as a whole (``refused_writes``); the close's figures are 0."""
         zero: dict[str, Any] = {item.name: 0 for item in fields(cls)
                                 if item.name not in ("timers", "closes_orders", "drift")}
-        return cls(**zero, drift=None, timers=timers, closes_orders=False)
+        return cls(**{**zero, **app_figures}, drift=None, timers=timers, closes_orders=False)
 
 
 @dataclass(frozen=True)
@@ -131,7 +135,7 @@ def measure(now: datetime | None = None, *, model: type[TimeoutOrderMixin] | Non
     timers = {timer.name: _timer(timer, queue.of_kind(timer.key_space), now, drift=drift)
               for timer in registry.reported()}
     if model is None and not settings.closes_orders():
-        return Health.of_timers(timers)
+        return Health.of_timers(timers, refused_writes=open_refused_writes())
     model = model or get_order_model()
     stats = queue.stats(now_score(now))
     rows = model._base_manager.db_manager(router.db_for_read(model)).filter(model.unpaid_q())
@@ -146,8 +150,15 @@ def measure(now: datetime | None = None, *, model: type[TimeoutOrderMixin] | Non
         settled_unpaid=close.settled_count(),
         drift=count_drift(model, queue) if drift else None,
         **_reminders(queue, now, stats.quarantined),
+        refused_writes=open_refused_writes(),
         timers=timers,
     )
+
+
+def open_refused_writes() -> int:
+    """Refused writes waiting for staff (along the ``handled_at`` index): a figure of the database
+    alone, so a face can show it when Redis cannot be read."""
+    return RefusedWrite.objects.open().count()
 
 
 def _timer(timer: Kind, queue: TimeoutQueue, now: datetime, *, drift: bool) -> TimerHealth:

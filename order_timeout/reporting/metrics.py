@@ -226,6 +226,7 @@ class BacklogCollector:
         yield from self._timers(now)
         yield GaugeMetricFamily("order_timeout_dead_letters", "Open dead letters waiting for staff.",
                                 value=DeadLetter.objects.filter(resolved_at__isnull=True).count())
+        yield self._refused_writes()
         if drift is not None:
             yield GaugeMetricFamily(
                 "order_timeout_drift",
@@ -245,6 +246,22 @@ class BacklogCollector:
         family = GaugeMetricFamily("order_timeout_paused", "1 while staff keep this timer paused.", labels=["timer"])
         for name in dict.fromkeys([*known_names(), *sorted(paused)]):
             family.add_metric([name], 1 if name in paused else 0)
+        return family
+
+    @staticmethod
+    def _refused_writes() -> Any:
+        """Writes the app refused over a deadline's act, not handled by staff yet, by refusal (each
+        refusal there, at 0 when none waits): one grouped count along the ``handled_at`` index."""
+        from django.db.models import Count
+
+        from ..models import RefusedWrite
+
+        waiting = dict(RefusedWrite.objects.open().order_by().values_list("refusal").annotate(n=Count("pk")))
+        family = GaugeMetricFamily("order_timeout_refused_writes",
+                                   "Writes the app refused (a payment after its order closed, a stale save over "
+                                   "an acted-on row) waiting for staff, by refusal.", labels=["refusal"])
+        for refusal in RefusedWrite.Refusal.values:
+            family.add_metric([refusal], waiting.get(refusal, 0))
         return family
 
     @staticmethod

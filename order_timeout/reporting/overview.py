@@ -22,7 +22,7 @@ from ..conf import settings
 from ..models import TIMEOUT_REASON, TimeoutOrderMixin
 from ..ordermodel import get_order_model
 from ..timers.pausing import Paused, describe, open_pauses
-from .health import Health, measure
+from .health import Health, measure, open_refused_writes
 from .storage import Storage, measure_storage
 
 # How far back the chart looks, and how many closes it reads at most.
@@ -49,6 +49,8 @@ class Overview:
     closes_orders: bool = True
     # The app's tables and what the prune took from them.
     storage: Storage | None = None
+    # Refused writes waiting for staff: read from the database alone, so shown when Redis is down too.
+    refused_writes: int = 0
 
     @property
     def closes(self) -> int:
@@ -69,7 +71,8 @@ def overview(now: datetime | None = None, model: type[TimeoutOrderMixin] | None 
     except OrderTimeoutError as exc:
         health, drift, error = None, None, str(exc)
     return Overview(health=health, error=error, drift=drift, closes_orders=closes_orders,
-                    minutes=recent_lateness(model, now) if model is not None else [], storage=measure_storage())
+                    minutes=recent_lateness(model, now) if model is not None else [], storage=measure_storage(),
+                    refused_writes=health.refused_writes if health is not None else open_refused_writes())
 
 
 def recent_lateness(model: type[TimeoutOrderMixin], now: datetime) -> list[MinuteOfCloses]:

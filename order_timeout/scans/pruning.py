@@ -7,9 +7,11 @@ What it deletes, and from when each age counts (``ORDER_TIMEOUT``; None keeps th
   ever sent, so the record guards nothing);
 - dead letters staff resolved (``DEAD_LETTER_RETENTION`` from their resolution), and, in Redis,
   the members a claim moved into a quarantine because they name no row (as long after they were
-  moved: they are for a person to look at, as dead letters are).
+  moved: they are for a person to look at, as dead letters are);
+- refused writes staff marked handled (``DEAD_LETTER_RETENTION`` from when they did).
 
-Never a pending notice, nor an open dead letter: those wait for a consumer or for staff. The ages
+Never a pending notice, an open dead letter nor a refused write not handled yet: those wait for a
+consumer or for staff. The ages
 are measured by the database's clock, the one that judges a reminder's deadline.
 
 Each chunk is a plain read of at most ``PRUNE_CHUNK`` primary keys along an index, then those rows
@@ -37,7 +39,7 @@ from ..conf import settings
 from ..db.deleting import delete_keys
 from ..db.session import database_now
 from ..exceptions import QueueUnavailable
-from ..models import DeadLetter, Notice, Reminder
+from ..models import DeadLetter, Notice, RefusedWrite, Reminder
 from ..queue import TimeoutQueue
 from ..queue.keys import CLOSE, NOTICE, REMIND
 from ..timers.members import now_score
@@ -78,6 +80,10 @@ RETENTIONS = (
     Retention("reminders", Reminder, "REMINDER_RETENTION", lambda cutoff: Q(deadline__lt=cutoff), "deadline"),
     Retention("dead_letters", DeadLetter, "DEAD_LETTER_RETENTION",
               lambda cutoff: Q(resolved_at__lt=cutoff), "resolved_at"),
+    # Staff's to-do list, as dead letters are: gone only once handled (never while open: NULL < cutoff is
+    # never true).
+    Retention("refused_writes", RefusedWrite, "DEAD_LETTER_RETENTION",
+              lambda cutoff: Q(handled_at__lt=cutoff), "handled_at"),
 )
 
 

@@ -78,6 +78,11 @@ THRESHOLDS = {
         "drift",
         "Fail when more unpaid orders with a deadline than this are missing from Redis.",
         "{value} unpaid orders with a deadline are missing from Redis > --max-drift {limit:g}"),
+    "max_refused": Threshold(
+        "refused_writes",
+        "Fail when more writes the app refused than this (a payment after its order closed, a stale "
+        "save over an acted-on row) wait for staff to handle them (the admin's refused writes).",
+        "{value} refused writes wait for staff > --max-refused {limit:g}"),
 }
 
 
@@ -115,8 +120,10 @@ class Command(BaseCommand):
             raise CommandError(f"Cannot read the queue: {exc}") from exc
         pauses = [describe(row) for row in open_pauses().values()]
         self._print(health, measure_storage(), as_json=options["json"], pauses=pauses)
-        # Every kind is held to the same thresholds: the order close, and each declared timer.
-        kinds: list[tuple[str, Any]] = [*([("", health)] if health.closes_orders else []),
+        # Every kind is held to the same thresholds: the order close, and each declared timer. The
+        # first holds the app's own figures too (refused writes), so it is there with no order close,
+        # whose figures are then 0 and cross nothing.
+        kinds: list[tuple[str, Any]] = [("", health),
                                         *((f"timer {name}: ", figures) for name, figures in health.timers.items())]
         crossed = [
             prefix + _for_rows(threshold.crossed, bool(prefix)).format(value=getattr(figures, field),
@@ -149,7 +156,7 @@ class Command(BaseCommand):
                               f"{pause.reason}")
         timers = figures.pop("timers")
         if not figures.pop("closes_orders"):
-            figures = {}
+            figures = {"refused_writes": figures["refused_writes"]}
             self.stdout.write("no order close (ORDER_MODEL is None)")
         width = max(map(len, [*figures, *(key for own in timers.values() for key in own)]), default=0)
         for key, value in figures.items():
