@@ -11,6 +11,7 @@ record that cannot be written never changes what the caller gets.
 from __future__ import annotations
 
 import logging
+import pickle
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -124,6 +125,18 @@ def test_the_refusal_names_its_order_and_timer_for_whoever_catches_it(make_order
 
     assert (refused.value.model_label, refused.value.pk, refused.value.timer) == (
         order_model._meta.label, order.pk, CLOSE_TIMER)
+
+
+@pytest.mark.parametrize("refusal", [OrderClosed, StaleOrderStatus])
+def test_a_refusal_keeps_its_order_and_timer_through_pickling_and_older_callers_get_none(refusal):
+    named = refusal("Order 7 was already closed.", model_label="order_timeout.Order", pk=7, timer="close")
+    bare = refusal("Order 7 was already closed.")
+
+    copy = pickle.loads(pickle.dumps(named))
+
+    assert (type(copy), str(copy), copy.model_label, copy.pk, copy.timer) == (
+        refusal, "Order 7 was already closed.", "order_timeout.Order", 7, "close")
+    assert (bare.model_label, bare.pk, bare.timer) == (None, None, None)
 
 
 def test_a_paid_order_answers_false_and_records_nothing(make_order):
