@@ -22,7 +22,7 @@ from .exceptions import QueueUnavailable, Refused
 from .models import DeadLetter, Deadline, Notice, Order, Pause, QueueEpoch, RefusedWrite, Reminder, TimeoutOverview
 from .ordermodel import get_order_model
 from .reporting import overview
-from .scans.giveback import GiveBack, can_give_back, give_back
+from .scans.giveback import GiveBack, can_give_back, resume_timers
 from .timers import pausing, staff
 
 if TYPE_CHECKING:
@@ -505,23 +505,11 @@ class TimeoutOverviewAdmin(ViewOnlyAdmin):
         if not self.may_pause(request):
             raise PermissionDenied
         names = request.POST.getlist("timer")
-        back = bool(request.POST.get("give_back"))
-        now = timezone.now()
-        given: dict[str, GiveBack] = {}
-
-        def giving_back(pause: Pause) -> None:
-            given[pause.timer] = give_back(pausing.kind_named(pause.timer), pause, resume_at=now)
-
         try:
             if not names:
                 raise pausing.PauseRefused("Name the timer to resume.")
-            if back:
-                paused = pausing.open_pauses()
-                for name in names:
-                    if name in paused:
-                        can_give_back(pausing.kind_named(name))
-            ended = pausing.resume(names, user=request.user, now=now,
-                                   before_resuming=giving_back if back else None)
+            ended, given = resume_timers(names, give_time_back=bool(request.POST.get("give_back")),
+                                         user=request.user)
         except pausing.PauseRefused as refusal:
             self.message_user(request, str(refusal), messages.ERROR)
         else:
@@ -530,8 +518,8 @@ class TimeoutOverviewAdmin(ViewOnlyAdmin):
         return HttpResponseRedirect(reverse(self._url_name("changelist")))
 
     def _report_resume(self, request: HttpRequest, row: Pause, back: GiveBack | None) -> None:
-        values = {"timer": row.timer, "since": formats.localize(timezone.localtime(row.paused_at)),
-                  "reason": row.reason}
+        values: dict[str, Any] = {"timer": row.timer, "since": formats.localize(timezone.localtime(row.paused_at)),
+                                  "reason": row.reason}
         if back is None:
             self.message_user(request, _("Resumed %(timer)s, paused since %(since)s (%(reason)s): what fell due "
                                          "is acted on now.") % values, messages.SUCCESS)

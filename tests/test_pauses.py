@@ -237,3 +237,34 @@ def test_status_shows_each_pause_and_fails_with_its_own_code_when_one_is_older_t
 
     assert [(pause["timer"], pause["reason"]) for pause in figures["paused"]] == [("close", "PSP outage")]
     assert crossed.value.returncode == 3 and "close paused for" in str(crossed.value)
+
+
+@both_redis
+def test_a_pause_stops_the_next_claim_before_any_heartbeat_tells_the_consumer(make_order, consumer):
+    """The claim script reads the kind's paused flags: a consumer that has not heard of the pause yet
+    (its heartbeat looks once every HEARTBEAT_SECONDS) claims nothing of it from the pause on."""
+    worker = consumer()
+    worker.run_once()  # loads the pauses (none) before this test pauses
+    paused()
+    due = make_order(in_seconds=-5)
+
+    claim = worker.run_once()
+
+    assert worker.pauses.paused == frozenset() and claim.members == []
+    assert state(due) == "unpaid"
+
+
+def test_a_rebuild_after_redis_lost_the_queue_keeps_a_paused_timer_paused(make_order, consumer, queue):
+    from order_timeout.scans.recovery import QueueRecovery
+
+    worker = consumer()
+    worker.run_once()  # the queue's epoch set up
+    paused()
+    due = make_order(in_seconds=-5)
+    queue.client.flushdb()  # Redis restarted empty: the flags and the version gone with the members
+
+    assert QueueRecovery(worker.queue, worker.queues, worker.kinds).run()
+    consumer().run(once=True)
+
+    assert all(queue.client.exists(shard.keys.paused) for shard in queue.shards)
+    assert state(due) == "unpaid"

@@ -102,6 +102,12 @@ class QueueKeys:
         return self._key("quarantine")
 
     @property
+    def paused(self) -> str:
+        """String, set while staff keep this kind paused (the claim script claims nothing then); the
+        pause itself is a row of the database (models.Pause), which sets it again if Redis lost it."""
+        return self._key("paused")
+
+    @property
     def consumers(self) -> str:
         """Sorted set: member = a running consumer's id, score = when its heartbeat runs out (ms)."""
         return self._key("consumers")

@@ -270,7 +270,7 @@ class Shard:
         with redis_errors("claim"):
             reply = self.scripts["claim"](
                 keys=[keys.pending, keys.leased, keys.owners, keys.takeovers, keys.attempts, keys.first_failure,
-                      keys.busy, keys.held],
+                      keys.busy, keys.held, keys.paused],
                 args=[due_ms, limit, lease_until_ms, token, "due" if due_first else "takeover", acked_token, lines],
             )
         try:
@@ -604,7 +604,7 @@ class TimeoutQueue:
         with redis_errors("delete the queue's keys"):
             for shard in self.shards:
                 keys = shard.keys
-                self.client.delete(*keys.all(), keys.consumers, keys.sessions, keys.epoch)
+                self.client.delete(*keys.all(), keys.consumers, keys.sessions, keys.epoch, keys.paused)
             self.client.delete(*self.global_keys.all())
 
     # -- the compensation scan's bookkeeping ------------------------------------
@@ -672,6 +672,17 @@ class TimeoutQueue:
                 for member in members:
                     pipe.hincrby(self.global_keys.scanning, member, 1)
                 pipe.execute()
+
+    def set_paused(self, paused: bool) -> None:
+        """Set (or clear) every shard's paused flag: the claim script claims nothing while it is set."""
+        with redis_errors("set the pause of the queue"):
+            pipe = self.client.pipeline(transaction=False)
+            for shard in self.shards:
+                if paused:
+                    pipe.set(shard.keys.paused, "1")
+                else:
+                    pipe.delete(shard.keys.paused)
+            pipe.execute()
 
     @cached_property
     def housekeeping(self) -> Housekeeping:

@@ -268,6 +268,10 @@ class CompensationScan:
         chunks = kind.overdue(before, self.chunk_size, since)
         for rows in self._walk(chunks, token, figures, needs_redis=False,
                                total=lambda: kind.count(before=before, after=since)):
+            if not self.full and kind.label in paused_names():
+                # Paused by staff while this scan ran: its next chunks wait, as the claims do.
+                figures.paused = True
+                return
             members = {kind.member(pk): pk for pk, _ in rows}
             buried = self._open_dead_letters(kind, rows)
             earliest = min([deadline for pk, deadline in rows if str(pk) not in buried]

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import models, router, transaction
 from django.db.models import F
+from django.utils import timezone
 
 from ..conf import settings
 from ..db.session import limit_transaction
@@ -32,7 +34,7 @@ from ..queue import TimeoutQueue
 from ..timers.closes import OnOrderModel
 from ..timers.deadlines import ColumnDeadlines, OutsideDeadlines
 from ..timers.kind import Kind
-from ..timers.pausing import PauseRefused
+from ..timers.pausing import PauseRefused, kind_named, open_pauses, resume
 from ..timers.registry import REMINDERS
 
 logger = logging.getLogger("order_timeout")
@@ -67,6 +69,26 @@ def can_give_back(kind: Kind) -> None:
                               if kind.label == REMINDERS.label else "resume it without --give-back."))
 
 
+def resume_timers(names: Sequence[str], *, give_time_back: bool, user: Any = None,
+                  now: datetime | None = None) -> tuple[list[Pause], dict[str, GiveBack]]:
+    """Resume the paused timers ``names``, each first given its time back when ``give_time_back``
+    (while still paused): what ``order_timeout_resume`` and the admin's form both do. Every
+    give-back is refused (``PauseRefused``) before any deadline moves."""
+    now = now or timezone.now()
+    given: dict[str, GiveBack] = {}
+    if give_time_back:
+        paused = open_pauses()
+        for name in names:
+            if name in paused:
+                can_give_back(kind_named(name))
+
+    def giving_back(pause: Pause) -> None:
+        given[pause.timer] = give_back(kind_named(pause.timer), pause, resume_at=now)
+
+    ended = resume(names, user=user, now=now, before_resuming=giving_back if give_time_back else None)
+    return ended, given
+
+
 def give_back(kind: Kind, pause: Pause, *, resume_at: datetime, grace: float | None = None,
               chunk: int | None = None) -> GiveBack:
     """Move the deadlines of ``kind``'s pending rows inside the pause (and ``grace`` after
@@ -93,8 +115,9 @@ class _Walk:
     def __init__(self, kind: Kind, pause: Pause, result: GiveBack, by: timedelta, chunk: int) -> None:
         self.kind, self.pause, self.result, self.by, self.chunk = kind, pause, result, by, chunk
         self.using = kind.using
-        self.outside = isinstance(kind.deadlines, OutsideDeadlines)
-        self.field = "expires_at" if self.outside else str(kind.deadlines.field)  # type: ignore[union-attr]
+        store = kind.deadlines
+        self.outside = isinstance(store, OutsideDeadlines)
+        self.field = store.field if isinstance(store, ColumnDeadlines) else "expires_at"
 
     def rows(self) -> models.QuerySet[Any]:
         """The kind's pending rows' keys and deadlines in the window (the app's table, or the model's)."""
@@ -145,7 +168,7 @@ class _Walk:
             moved = [pk for pk, _row in locked]
             if moved:
                 self.rows().filter(pk__in=moved).update(**{self.field: F(self.field) + self.by})
-            progress = {"given_back_rows": F("given_back_rows") + len(moved)}
+            progress: dict[str, Any] = {"given_back_rows": F("given_back_rows") + len(moved)}
             if last is not None:
                 progress["give_back_after"] = str(last)
             Pause.objects.filter(pk=self.pause.pk).update(**progress)

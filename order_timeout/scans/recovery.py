@@ -35,6 +35,7 @@ from django.utils import timezone
 from ..models import QueueEpoch
 from ..queue import TimeoutQueue
 from ..timers.kind import Kind
+from ..timers.pausing import paused_names
 from .compensation import CompensationScan
 
 logger = logging.getLogger("order_timeout")
@@ -66,6 +67,12 @@ class QueueRecovery:
 
     def run(self) -> bool:
         lost: list[tuple[TimeoutQueue, QueueEpoch, str]] = []
+        # A marker is gone, so the flags may be too: a kind staff paused stays paused, its flags
+        # set again first, before a rebuild puts its members back (a new queue gets them too).
+        paused = paused_names()
+        for queue in self.queues:
+            if self.names.get(queue.kind) in paused:
+                queue.set_paused(True)
         for queue in self.queues:
             row = QueueEpoch.objects.filter(queue=queue_name(queue)).first()
             if row is None:

@@ -5,11 +5,13 @@ a consumer killed or restarted during a pause, or a Redis that came back empty, 
 timer by itself. While it is open no consumer claims that kind's members and no scan acts on its
 rows (their members wait in Redis; a payment is accepted as ever); every other kind goes on.
 
-Every pause and resume also bumps a version in Redis (``{prefix}:pauses``) once it committed.
-Each consumer reads that version at a heartbeat once every ``HEARTBEAT_SECONDS`` and asks the
-database again when it changed, when Redis has none (lost), and every ``RECHECK`` seconds
-whatever Redis says: a pause reaches every consumer within ``HEARTBEAT_SECONDS`` and a beat, a
-batch in hand finishes, and the next claim of that kind waits.
+Once a pause commits, every shard of its kind gets a paused flag, which the claim script reads:
+from the next claim on nothing of that kind is claimed (a batch in hand finishes). A resume
+clears the flags once it commits. A consumer's rebuild of a queue Redis lost sets them again
+from the database. And every pause and resume bumps a version in Redis (``{prefix}:pauses``):
+each consumer reads it at a heartbeat once every ``HEARTBEAT_SECONDS`` and asks the database
+again when it changed, when Redis has none (lost), and every ``RECHECK`` seconds whatever Redis
+says, and stops asking for a paused kind's lanes at all (an idle consumer asks nothing of them).
 
 A kind is named as logs name it: ``close``, ``reminders``, ``notices``, or a declared timer's name.
 """
@@ -92,7 +94,7 @@ def pause(names: Sequence[str], reason: str, *, known: Iterable[str], user: Any 
         already = sorted(set(names) & paused_names())
         raise PauseRefused(f"{', '.join(already) or ', '.join(names)} is paused already: resume it first, "
                            "or leave it paused.") from None
-    _tell(using)
+    _tell(using, [row.timer for row in created], paused=True)
     who = user.get_username() if user is not None else "a command"
     for row in created:
         logger.warning("%s paused by %s: %s. Nothing of it is claimed or acted on until it is resumed.",
@@ -121,7 +123,7 @@ def resume(names: Sequence[str], *, user: Any = None, now: datetime | None = Non
             raise PauseRefused(f"{name} is not paused (resumed meanwhile).")
         row.refresh_from_db()
         ended.append(row)
-    _tell(using)
+    _tell(using, [row.timer for row in ended], paused=False)
     who = user.get_username() if user is not None else "a command"
     for row in ended:
         assert row.resumed_at is not None
@@ -155,18 +157,29 @@ def _known(names: Sequence[str], known: Iterable[str]) -> None:
                            f"{', '.join(sorted(known))}.")
 
 
-def _tell(using: str) -> None:
-    """Bump the version the consumers read at each heartbeat, once the change committed."""
+def _tell(using: str, names: Sequence[str], *, paused: bool) -> None:
+    """Once the change committed: set (or clear) the kinds' paused flags, which the claims read, and
+    bump the version the consumers read at their heartbeats."""
 
-    def bump() -> None:
+    def tell() -> None:
         try:
-            TimeoutQueue.from_settings().housekeeping.bump_pauses(uuid.uuid4().hex)
+            queue = TimeoutQueue.from_settings()
+            set_flags(queue, names, paused=paused)
+            queue.housekeeping.bump_pauses(uuid.uuid4().hex)
         except QueueUnavailable as error:
             # The database holds the pause: every consumer asks it again within RECHECK seconds.
             logger.warning("Could not tell the consumers through Redis (%s); they read the pause from the "
                            "database within %gs.", error, RECHECK)
 
-    transaction.on_commit(bump, using=using)
+    transaction.on_commit(tell, using=using)
+
+
+def set_flags(queue: TimeoutQueue, names: Iterable[str], *, paused: bool) -> None:
+    """Each named kind's paused flags on every shard (a kind no longer configured has none)."""
+    spaces = {kind.label: kind.key_space for kind in registry.kinds()}
+    for name in names:
+        if name in spaces:
+            queue.of_kind(spaces[name]).set_paused(paused)
 
 
 def _duration(seconds: float) -> str:

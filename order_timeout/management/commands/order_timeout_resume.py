@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.utils import timezone
 
 from order_timeout.conf import settings
-from order_timeout.scans.giveback import can_give_back, give_back
-from order_timeout.timers.pausing import PauseRefused, kind_named, open_pauses, resume
+from order_timeout.scans.giveback import resume_timers
+from order_timeout.timers.pausing import PauseRefused
 
 
 class Command(BaseCommand):
@@ -26,19 +25,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         names = options["timer"] or ["close"]
-        now = timezone.now()
-        given: dict[str, Any] = {}
-
-        def giving_back(pause: Any) -> None:
-            given[pause.timer] = give_back(kind_named(pause.timer), pause, resume_at=now)
-
         try:
-            if options["give_back"]:
-                paused = open_pauses()
-                for name in names:
-                    if name in paused:
-                        can_give_back(kind_named(name))
-            ended = resume(names, now=now, before_resuming=giving_back if options["give_back"] else None)
+            ended, given = resume_timers(names, give_time_back=options["give_back"])
         except PauseRefused as exc:
             raise CommandError(str(exc)) from exc
         for row in ended:

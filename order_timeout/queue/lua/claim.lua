@@ -6,6 +6,10 @@
   KEYS[3] owners     hash: member = order id, value = token of the claim holding its lease
   KEYS[4] takeovers  hash: member = order id, value = times its lease was taken over
   KEYS[5..8]         attempts, first_failure, busy, held: what an ack forgets with the lease
+  KEYS[9]  paused    string, set while staff keep this kind paused (models.Pause holds the
+                     truth): nothing is claimed, neither due members nor expired leases, and
+                     `next` is "" (the consumer learns of the pause at its next heartbeat and
+                     stops asking; till then it asks once a MAX_WAIT). The ack still goes.
   ARGV[1] now        (ms): members with score <= now are due, leases <= now expired
   ARGV[2] limit      most members to claim
   ARGV[3] until      (ms): lease expiry given to every claimed member
@@ -174,6 +178,11 @@ local function claim_due()
   local reply = { '', tainted_count }
   for i = 1, #batch do reply[i + 2] = batch[i] end
   return reply
+end
+
+if rcall('EXISTS', KEYS[9]) == 1 then
+  ack()
+  return { '', 0 }
 end
 
 local expired = first_leased and first_leased[2] <= now_number
