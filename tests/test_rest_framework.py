@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import tomllib
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 
 pytest.importorskip("rest_framework")
 
+from django.db import connection  # noqa: E402
 from django.http import Http404  # noqa: E402
 from rest_framework.test import APIClient  # noqa: E402
 
@@ -27,7 +29,7 @@ from order_timeout.models import RefusedWrite  # noqa: E402
 from testproject.tickets import payments  # noqa: E402
 from testproject.tickets.models import Payment, PaymentState, TicketOrder, TicketOrderStatus  # noqa: E402
 
-from .conftest import PROJECT_ROOT, both_models  # noqa: E402
+from .conftest import PROJECT_ROOT, both_models, finish  # noqa: E402
 from .test_import_layers import graph  # noqa: E402
 from .test_ticket_shop import checkout, expiring, ticket_timers  # noqa: E402, F401 - fixtures
 
@@ -59,6 +61,22 @@ def test_paying_an_order_its_deadline_closed_answers_409_naming_the_order(api, m
     assert RefusedWrite.objects.open().filter(object_id=str(order.pk)).count() == 1
 
 
+@both_models
+def test_under_atomic_requests_a_409_rolls_back_what_the_request_wrote_before_the_refusal(
+        api, make_order, consumer, monkeypatch):
+    """The refusal becomes a response, not an exception: without the rollback DRF gives its own
+    errors, the request's transaction would commit the payment it recorded beside the closed order."""
+    order = make_order(in_seconds=-1)
+    consumer().run(once=True)
+    monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+
+    response = api.post(f"/shop/api/orders/{order.pk}/pay")
+
+    assert response.status_code == 409
+    assert not order.payments.exists()  # the capture it recorded went with the request's transaction
+    assert RefusedWrite.objects.open().filter(object_id=str(order.pk)).count() == 1  # written apart
+
+
 def test_a_payment_whose_order_save_was_refused_answers_409_naming_the_order_and_its_timer(
         api, expiring, monkeypatch):  # noqa: F811
     order = checkout(in_seconds=-1)
@@ -78,6 +96,30 @@ def test_a_payment_whose_order_save_was_refused_answers_409_naming_the_order_and
     assert body["what_to_do"].startswith("Read the order again: what was taken for it meanwhile (a payment) "
                                          "is refunded")
     assert Payment.objects.get(pk=payment.pk).state == PaymentState.CONFIRMED
+    assert TicketOrder.objects.get(pk=order.pk).status == TicketOrderStatus.EXPIRED
+    assert RefusedWrite.objects.open().filter(object_id=str(order.pk)).count() == 1
+
+
+def test_under_atomic_requests_a_refused_confirmation_leaves_no_payment_confirmed_but_its_record(
+        api, expiring, monkeypatch):  # noqa: F811
+    """In the request's transaction the payment's row is no longer committed apart: the refused save
+    rolls it back with the rest, and only the record, written apart, stays."""
+    order = checkout(in_seconds=-1)
+    payment = Payment.objects.create(order=order)
+
+    def expired_meanwhile(order: TicketOrder) -> None:
+        # The expiry commits from another connection while the request's transaction is open.
+        expiry = threading.Thread(target=lambda: (expiring(), connection.close()))
+        expiry.start()
+        finish(expiry)
+
+    monkeypatch.setattr(payments, "capture_at_the_provider", expired_meanwhile)
+    monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+
+    response = api.post(f"/tickets/api/payments/{payment.pk}/confirm")
+
+    assert response.status_code == 409
+    assert Payment.objects.get(pk=payment.pk).state == PaymentState.CREATED  # rolled back with the request
     assert TicketOrder.objects.get(pk=order.pk).status == TicketOrderStatus.EXPIRED
     assert RefusedWrite.objects.open().filter(object_id=str(order.pk)).count() == 1
 
