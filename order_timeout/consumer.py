@@ -47,7 +47,7 @@ from .timers.leases import LeaseGuard, WatchedBatch
 from .timers.lifecycle import Lifecycle
 from .timers.members import now_score
 from .timers.outcome import Report
-from .timers.pausing import PauseWatch
+from .timers.pausing import PauseWatch, synced_flags
 from .timers.registry import ORDER_TIMEOUT, REMINDERS, registry
 from .timers.watch import BatchWatch
 from .timers.watchdog import exit_stuck
@@ -231,8 +231,10 @@ class Consumer:
         self._epoch_missing = threading.Event()
         self.recovery = QueueRecovery(self.queue, self.queues, self.kinds)
         # The kinds staff paused (the database's pauses, told through Redis at every heartbeat).
+        # Each read of the database makes the claims' flags agree with it (a stale one cleared).
         self.pauses = PauseWatch(self.queue.housekeeping, on_change=self._pauses_changed,
-                                 every=self.heartbeat_seconds)
+                                 every=self.heartbeat_seconds,
+                                 read=lambda: synced_flags(self.queue, self.kinds))
         self._pauses_loaded = False
 
     # -- the clock ------------------------------------------------------

@@ -149,6 +149,27 @@ def test_give_back_moves_each_deadline_inside_the_pause_later_by_its_length(make
     assert Pause.objects.get().given_back_rows == 3
 
 
+@both_redis
+def test_an_order_given_the_time_back_closes_at_its_new_deadline_exactly_once(make_order, consumer):
+    """Paused for 2 s: an order due inside the pause is given those 2 s, and a running consumer,
+    its deadline followed in Redis, closes it once its new deadline passed, not at the resume."""
+    Pause.objects.create(timer="close", open_for="close", reason="PSP outage",
+                         paused_at=timezone.now() - timedelta(seconds=2))
+    due = make_order(in_seconds=-1)
+    worker = consumer(heartbeat_seconds=0.6, max_wait=0.1, follow_database_clock=False, now=timezone.now)
+    with running(worker) as thread:
+        command("order_timeout_resume", "--give-back")
+        given = Pause.objects.get().given_back_seconds
+        deadline = Order.objects.get(pk=due.pk).expires_at
+        wait_for(lambda: state(due) == "closed")
+        worker.request_stop()
+    finish(thread)
+
+    closed = Order.objects.get(pk=due.pk)
+    assert given >= 2 and closed.closed_at >= deadline
+    assert expiries(due) == 1
+
+
 def test_a_give_back_cut_short_goes_on_where_it_stopped_without_moving_a_row_twice(make_order, monkeypatch,
                                                                                    settings):
     from order_timeout.scans import giveback
@@ -268,3 +289,79 @@ def test_a_rebuild_after_redis_lost_the_queue_keeps_a_paused_timer_paused(make_o
 
     assert all(queue.client.exists(shard.keys.paused) for shard in queue.shards)
     assert state(due) == "unpaid"
+
+
+def test_a_stale_paused_flag_left_by_a_late_pause_is_cleared_once_the_database_says_resumed(make_order, consumer):
+    """Staff pause and resume at once: the pause's commit, the resume's commit and flags cleared,
+    then the pause's own telling runs late and sets the flags again (or Redis was down at the
+    resume). The database says resumed, so a running consumer must clear them and close."""
+    from order_timeout.timers.pausing import set_flags
+
+    worker = consumer(heartbeat_seconds=0.6, max_wait=0.1, follow_database_clock=False, now=timezone.now)
+    with running(worker) as thread:
+        paused()
+        command("order_timeout_resume")
+        set_flags(worker.queue, ["close"], paused=True)  # the pause's telling, late
+        worker.queue.housekeeping.bump_pauses("late")
+        due = make_order(in_seconds=-1)
+        wait_for(lambda: state(due) == "closed")
+        worker.request_stop()
+    finish(thread)
+    assert expiries(due) == 1
+    assert not any(worker.queue.client.exists(shard.keys.paused) for shard in worker.queue.shards)
+
+
+def test_a_resume_redis_never_heard_of_reaches_the_claims_within_recheck(make_order, consumer, monkeypatch):
+    """Redis down at the resume: its flags stay set and its version unmoved. The consumers ask the
+    database every RECHECK seconds whatever Redis says, and clear the flags it no longer holds."""
+    from order_timeout.timers import pausing
+
+    monkeypatch.setattr(pausing, "RECHECK", 1.0)
+    worker = consumer(heartbeat_seconds=0.3, max_wait=0.1, follow_database_clock=False, now=timezone.now)
+    with running(worker) as thread:
+        paused()
+        wait_for(lambda: worker.pauses.paused == frozenset({"close"}))
+        resume(["close"])
+        pausing.set_flags(worker.queue, ["close"], paused=True)  # as if the clearing never reached Redis
+        due = make_order(in_seconds=-1)
+        wait_for(lambda: state(due) == "closed")
+        worker.request_stop()
+    finish(thread)
+    assert expiries(due) == 1
+
+
+def test_staff_pausing_and_resuming_at_once_end_in_a_state_one_of_them_asked_for(consumer, queue):
+    """Each round: one pauses while another resumes. The database ends paused or not, and the
+    claims' flags, once a consumer has looked, agree with it."""
+    from order_timeout.timers.pausing import paused_names
+
+    worker = consumer()
+    for round_ in range(10):
+        if round_ % 2:
+            pause(["close"], "PSP outage", known=known_names())
+        barrier = threading.Barrier(2)
+
+        def staff(act: Any) -> None:
+            barrier.wait()
+            try:
+                act()
+            except PauseRefused:
+                pass
+            finally:
+                from django.db import connection
+
+                connection.close()
+
+        threads = [threading.Thread(target=staff, args=(lambda: pause(["close"], "PSP", known=known_names()),)),
+                   threading.Thread(target=staff, args=(lambda: resume(["close"]),))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            finish(thread)
+
+        assert Pause.objects.filter(resumed_at__isnull=True).count() <= 1
+        worker.pauses.load()
+        flagged = {bool(queue.client.exists(shard.keys.paused)) for shard in queue.shards}
+        assert flagged == {"close" in paused_names()}
+        if "close" in paused_names():
+            resume(["close"])

@@ -673,6 +673,14 @@ class TimeoutQueue:
                     pipe.hincrby(self.global_keys.scanning, member, 1)
                 pipe.execute()
 
+    def paused_flags(self) -> list[bool]:
+        """Each shard's paused flag, as the claim script reads it."""
+        with redis_errors("read the pause of the queue"):
+            pipe = self.client.pipeline(transaction=False)
+            for shard in self.shards:
+                pipe.exists(shard.keys.paused)
+            return [bool(flag) for flag in pipe.execute()]
+
     def set_paused(self, paused: bool) -> None:
         """Set (or clear) every shard's paused flag: the claim script claims nothing while it is set."""
         with redis_errors("set the pause of the queue"):

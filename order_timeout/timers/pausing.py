@@ -182,6 +182,32 @@ def set_flags(queue: TimeoutQueue, names: Iterable[str], *, paused: bool) -> Non
             queue.of_kind(spaces[name]).set_paused(paused)
 
 
+def synced_flags(queue: TimeoutQueue, kinds: Iterable[Any]) -> frozenset[str]:
+    """The paused kinds by the database, with the claims' flags of ``kinds`` made to agree.
+
+    The flags are read before the database, so a flag seen set was set by a pause that committed
+    before the read: one the database no longer holds was resumed since, and is cleared (a pause's
+    telling that ran after the resume's, or a resume Redis never heard of, would otherwise keep
+    the claims paused for good). A pause that committed after the read has bumped the version and
+    is read again at the next heartbeat. Redis unreachable: the database's answer, flags untouched.
+    """
+    queues = {kind.label: queue.of_kind(kind.key_space) for kind in kinds}
+    try:
+        flagged = {name: each.paused_flags() for name, each in queues.items()}
+    except QueueUnavailable:
+        return frozenset(paused_names())
+    paused = frozenset(paused_names())
+    try:
+        for name, flags in flagged.items():
+            if any(flag != (name in paused) for flag in flags):
+                queues[name].set_paused(name in paused)
+                logger.info("%s's claims %s, as the database says.", name,
+                            "paused" if name in paused else "resumed")
+    except QueueUnavailable:
+        pass  # the next look tries again
+    return paused
+
+
 def _duration(seconds: float) -> str:
     minutes, second = divmod(round(seconds), 60)
     hours, minute = divmod(minutes, 60)
@@ -197,9 +223,12 @@ class PauseWatch:
     """
 
     def __init__(self, housekeeping: Any, on_change: Callable[[frozenset[str]], None], *, every: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 read: Callable[[], frozenset[str]] | None = None) -> None:
         self.housekeeping = housekeeping
         self.on_change = on_change
+        # How the database is asked (a consumer's synced_flags: the claims' flags made to agree).
+        self.read = read or (lambda: frozenset(paused_names()))
         self.every = every
         self.clock = clock
         self.paused: frozenset[str] = frozenset()
@@ -217,7 +246,7 @@ class PauseWatch:
             except QueueUnavailable:
                 self._version = None
             self._looked_at = self.clock()
-            self._set(frozenset(paused_names()))
+            self._set(self.read())
             self._loaded = True
             return self.paused
 
@@ -241,7 +270,7 @@ class PauseWatch:
             if version == self._version and self.clock() - self._read_at < RECHECK:
                 return
             try:
-                paused = frozenset(paused_names())
+                paused = self.read()
             except DatabaseError as error:
                 logger.warning("Could not read the timers' pauses (%s: %s); the next beat asks again.",
                                type(error).__name__, one_line(error))
