@@ -341,7 +341,7 @@ def test_staff_pausing_and_resuming_at_once_end_in_a_state_one_of_them_asked_for
             pause(["close"], "PSP outage", known=known_names())
         barrier = threading.Barrier(2)
 
-        def staff(act: Any) -> None:
+        def staff(act: Any, barrier: threading.Barrier = barrier) -> None:
             barrier.wait()
             try:
                 act()
