@@ -18,7 +18,7 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from order_timeout.models import DeadLetter, Notice, Reminder
+from order_timeout.models import DeadLetter, Notice, Pause, Reminder
 from order_timeout.queue import TimeoutQueue
 from order_timeout.scans.pruning import prune, prune_if_due
 from order_timeout.tasks import compensate as compensate_task
@@ -100,6 +100,18 @@ def test_resolved_dead_letters_go_after_their_retention_and_open_ones_never(rete
     assert not DeadLetter.objects.filter(pk=old.pk)
 
 
+def test_ended_pauses_go_after_the_dead_letter_retention_and_an_open_one_never(retention):
+    ended = Pause.objects.create(timer="close", reason="PSP outage", paused_at=ago(3 * DAY), resumed_at=ago(2 * DAY))
+    recent = Pause.objects.create(timer="close", reason="PSP outage", paused_at=ago(120), resumed_at=ago(60))
+    still_open = Pause.objects.create(timer="close", open_for="close", reason="PSP outage", paused_at=ago(3 * DAY))
+
+    result = prune()
+
+    assert result.deleted["pauses"] == 1
+    assert set(Pause.objects.values_list("pk", flat=True)) == {recent.pk, still_open.pk}
+    assert not Pause.objects.filter(pk=ended.pk)
+
+
 def test_a_retention_of_none_keeps_that_kind_of_row_for_ever(retention, settings):
     settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "REMINDER_RETENTION": None}
     kept = reminder(400 * DAY)
@@ -107,7 +119,7 @@ def test_a_retention_of_none_keeps_that_kind_of_row_for_ever(retention, settings
 
     result = prune()
 
-    assert result.deleted == {"notices": 0, "reminders": 0, "dead_letters": 1, "refused_writes": 0}
+    assert result.deleted == {"notices": 0, "reminders": 0, "dead_letters": 1, "refused_writes": 0, "pauses": 0}
     assert Reminder.objects.filter(pk=kept.pk).exists() and not DeadLetter.objects.filter(pk=gone.pk).exists()
 
 
@@ -117,7 +129,7 @@ def test_a_dry_run_counts_what_would_go_and_deletes_nothing(retention):
 
     result = prune(dry_run=True)
 
-    assert result.deleted == {"notices": 0, "reminders": 1, "dead_letters": 1, "refused_writes": 0}
+    assert result.deleted == {"notices": 0, "reminders": 1, "dead_letters": 1, "refused_writes": 0, "pauses": 0}
     assert (Reminder.objects.count(), DeadLetter.objects.count()) == (1, 1)
 
 
@@ -212,8 +224,8 @@ def test_what_the_prune_deleted_is_kept_for_the_metrics_and_the_admin(retention)
 
     record = TimeoutQueue.from_settings().housekeeping.prune_record()
 
-    assert record.totals == {"notices": 0, "reminders": 2, "dead_letters": 1, "refused_writes": 0}
-    assert record.last == {"notices": 0, "reminders": 1, "dead_letters": 1, "refused_writes": 0}
+    assert record.totals == {"notices": 0, "reminders": 2, "dead_letters": 1, "refused_writes": 0, "pauses": 0}
+    assert record.last == {"notices": 0, "reminders": 1, "dead_letters": 1, "refused_writes": 0, "pauses": 0}
     assert record.at_ms is not None
 
 
@@ -227,9 +239,9 @@ def test_the_prune_command_says_what_it_deleted_and_draws_its_progress_on_a_term
     terminal = Terminal()
     call_command("order_timeout_prune", stdout=terminal)
 
-    assert ("Would delete 0 notices, 3 reminder records, 1 resolved dead letter and 0 handled refused writes"
+    assert ("Would delete 0 notices, 3 reminder records, 1 resolved dead letter, 0 handled refused writes and 0 ended pauses"
             in dry.getvalue())
-    assert ("Deleted 0 notices, 3 reminder records, 1 resolved dead letter and 0 handled refused writes"
+    assert ("Deleted 0 notices, 3 reminder records, 1 resolved dead letter, 0 handled refused writes and 0 ended pauses"
             in terminal.getvalue())
     assert frames(terminal.getvalue())[-1].endswith(" 4/4")
     assert (Reminder.objects.count(), DeadLetter.objects.count()) == (0, 0)

@@ -43,7 +43,7 @@ def test_the_status_command_shows_each_app_tables_size_and_retention(retention):
     text = io.StringIO()
     call_command("order_timeout_status", "--no-drift", stdout=text)
 
-    assert set(storage["tables"]) == {"notices", "reminders", "dead_letters", "refused_writes", "deadlines",
+    assert set(storage["tables"]) == {"notices", "reminders", "dead_letters", "refused_writes", "pauses", "deadlines",
                                       "queue_epochs"}
     reminders = storage["tables"]["reminders"]
     assert (reminders["table"], reminders["rows"], reminders["retention_seconds"]) == (

@@ -16,7 +16,7 @@ from django.db import router
 from ..conf import settings
 from ..db.sizes import table_sizes
 from ..exceptions import QueueUnavailable
-from ..models import DeadLetter, Deadline, Notice, QueueEpoch, RefusedWrite, Reminder
+from ..models import DeadLetter, Deadline, Notice, Pause, QueueEpoch, RefusedWrite, Reminder
 from ..queue import TimeoutQueue
 from ..timers.members import datetime_of_score
 
@@ -27,6 +27,7 @@ TABLES: dict[str, tuple[Any, str | None]] = {
     "reminders": (Reminder, "REMINDER_RETENTION"),
     "dead_letters": (DeadLetter, "DEAD_LETTER_RETENTION"),
     "refused_writes": (RefusedWrite, "DEAD_LETTER_RETENTION"),
+    "pauses": (Pause, "DEAD_LETTER_RETENTION"),
     "deadlines": (Deadline, None),
     "queue_epochs": (QueueEpoch, None),
 }

@@ -8,9 +8,10 @@ What it deletes, and from when each age counts (``ORDER_TIMEOUT``; None keeps th
 - dead letters staff resolved (``DEAD_LETTER_RETENTION`` from their resolution), and, in Redis,
   the members a claim moved into a quarantine because they name no row (as long after they were
   moved: they are for a person to look at, as dead letters are);
-- refused writes staff marked handled (``DEAD_LETTER_RETENTION`` from when they did).
+- refused writes staff marked handled (``DEAD_LETTER_RETENTION`` from when they did), and
+  timers' pauses staff ended (``DEAD_LETTER_RETENTION`` from the resume).
 
-Never a pending notice, an open dead letter nor a refused write not handled yet: those wait for a
+Never a pending notice, an open dead letter, a refused write not handled yet nor an open pause: those wait for a
 consumer or for staff. The ages
 are measured by the database's clock, the one that judges a reminder's deadline.
 
@@ -39,7 +40,7 @@ from ..conf import settings
 from ..db.deleting import delete_keys
 from ..db.session import database_now
 from ..exceptions import QueueUnavailable
-from ..models import DeadLetter, Notice, RefusedWrite, Reminder
+from ..models import DeadLetter, Notice, Pause, RefusedWrite, Reminder
 from ..queue import TimeoutQueue
 from ..queue.keys import CLOSE, NOTICE, REMIND
 from ..timers.members import now_score
@@ -84,6 +85,9 @@ RETENTIONS = (
     # never true).
     Retention("refused_writes", RefusedWrite, "DEAD_LETTER_RETENTION",
               lambda cutoff: Q(handled_at__lt=cutoff), "handled_at"),
+    # Staff's record of an outage: kept as long as what they resolved; an open pause never goes.
+    # A few rows a year, so no index leads with the column.
+    Retention("pauses", Pause, "DEAD_LETTER_RETENTION", lambda cutoff: Q(resumed_at__lt=cutoff), "resumed_at"),
 )
 
 

@@ -13,14 +13,15 @@ from ..progress import terminal_progress
 # How each table's rows read in the summary: (one, many).
 NOUNS = {"notices": ("notice", "notices"), "reminders": ("reminder record", "reminder records"),
          "dead_letters": ("resolved dead letter", "resolved dead letters"),
-         "refused_writes": ("handled refused write", "handled refused writes")}
+         "refused_writes": ("handled refused write", "handled refused writes"),
+         "pauses": ("ended pause", "ended pauses")}
 
 
 class Command(BaseCommand):
-    help = ("Delete delivered and dropped notices, reminder records, resolved dead letters and handled "
-            "refused writes past their retention (NOTICE_RETENTION, REMINDER_RETENTION, DEAD_LETTER_RETENTION), "
-            "a chunk at a time. Pending notices, open dead letters and refused writes not handled are never "
-            "deleted.")
+    help = ("Delete delivered and dropped notices, reminder records, resolved dead letters, handled "
+            "refused writes and ended pauses past their retention (NOTICE_RETENTION, REMINDER_RETENTION, "
+            "DEAD_LETTER_RETENTION), a chunk at a time. Pending notices, open dead letters, refused writes not "
+            "handled and open pauses are never deleted.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--dry-run", action="store_true", help="Count what would be deleted; delete nothing.")
