@@ -239,9 +239,11 @@ def test_the_prune_command_says_what_it_deleted_and_draws_its_progress_on_a_term
     terminal = Terminal()
     call_command("order_timeout_prune", stdout=terminal)
 
-    assert ("Would delete 0 notices, 3 reminder records, 1 resolved dead letter, 0 handled refused writes and 0 ended pauses"
+    assert ("Would delete 0 notices, 3 reminder records, 1 resolved dead letter, 0 handled refused writes "
+            "and 0 ended pauses"
             in dry.getvalue())
-    assert ("Deleted 0 notices, 3 reminder records, 1 resolved dead letter, 0 handled refused writes and 0 ended pauses"
+    assert ("Deleted 0 notices, 3 reminder records, 1 resolved dead letter, 0 handled refused writes "
+            "and 0 ended pauses"
             in terminal.getvalue())
     assert frames(terminal.getvalue())[-1].endswith(" 4/4")
     assert (Reminder.objects.count(), DeadLetter.objects.count()) == (0, 0)
