@@ -365,3 +365,121 @@ def test_staff_pausing_and_resuming_at_once_end_in_a_state_one_of_them_asked_for
         assert flagged == {"close" in paused_names()}
         if "close" in paused_names():
             resume(["close"])
+
+
+def test_two_staff_giving_the_same_time_back_at_once_move_each_row_once(make_order, monkeypatch, settings):
+    """Two resumes with --give-back of one pause (a double click, two terminals): one walk goes on,
+    the other stops at its next chunk, and every deadline moves by the pause's length once."""
+    from order_timeout.scans import giveback
+    from order_timeout.scans.giveback import resume_timers
+
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "COMPENSATION_CHUNK": 2}
+    Pause.objects.create(timer="close", open_for="close", reason="PSP outage",
+                         paused_at=timezone.now() - timedelta(seconds=100))
+    orders = [make_order(in_seconds=-80 + 5 * i) for i in range(8)]
+    deadlines = {order.pk: Order.objects.get(pk=order.pk).expires_at for order in orders}
+    chunks = giveback._Walk._chunk
+
+    def slowly(self: Any, keys: list[Any], *, last: Any) -> list[Any]:
+        moved = chunks(self, keys, last=last)
+        threading.Event().wait(0.1)  # the other staff's walk gets its turn between two chunks
+        return moved
+
+    monkeypatch.setattr(giveback._Walk, "_chunk", slowly)
+    barrier = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def staff() -> None:
+        barrier.wait()
+        try:
+            resume_timers(["close"], give_time_back=True)
+            outcomes.append("resumed")
+        except PauseRefused as refused:
+            outcomes.append(str(refused))
+        finally:
+            from django.db import connection
+
+            connection.close()
+
+    threads = [threading.Thread(target=staff) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        finish(thread)
+
+    pause_row = Pause.objects.get()
+    moved = {order.pk: Order.objects.get(pk=order.pk).expires_at - deadlines[order.pk] for order in orders}
+    assert set(moved.values()) == {timedelta(seconds=pause_row.given_back_seconds)}
+    assert pause_row.given_back_rows == 8 and pause_row.resumed_at is not None
+    assert "resumed" in outcomes
+
+
+def test_a_give_back_inside_a_transaction_is_refused_before_anything_moves(make_order):
+    """Its chunks would be savepoints of the caller's transaction, every moved row locked to its end."""
+    from django.db import transaction
+
+    from order_timeout.scans.giveback import give_back
+    from order_timeout.timers.pausing import kind_named
+
+    row = Pause.objects.create(timer="close", open_for="close", reason="PSP outage",
+                               paused_at=timezone.now() - timedelta(seconds=100))
+    order = make_order(in_seconds=-50)
+    before = Order.objects.get(pk=order.pk).expires_at
+
+    with transaction.atomic(), pytest.raises(PauseRefused, match="outside a transaction"):
+        give_back(kind_named("close"), row, resume_at=timezone.now())
+
+    assert Order.objects.get(pk=order.pk).expires_at == before
+
+
+def test_a_shop_row_locked_by_a_payment_is_skipped_by_the_give_back_not_waited_on(transactional_db, settings):
+    """A timer whose deadlines live in the app's table: the give-back locks each deadline and then its
+    shop row; a payment holding the shop row (and about to touch its deadline) is never waited on."""
+    from django.db import connection, connections
+
+    from order_timeout.scans import giveback
+    from order_timeout.timers.registry import registry
+    from testproject.shop.models import PlainOrder
+
+    kind = registry.get("plain-order-payment")
+    waiting, paying = PlainOrder.objects.create(), PlainOrder.objects.create()
+    for row in (waiting, paying):
+        kind.set_deadline(row, timezone.now() - timedelta(seconds=30))
+    Pause.objects.create(timer="plain-order-payment", open_for="plain-order-payment", reason="PSP outage",
+                         paused_at=timezone.now() - timedelta(seconds=100))
+    payment = connections.create_connection("default")
+    try:
+        payment.set_autocommit(False)
+        with payment.cursor() as cursor:  # the payment's transaction holds the shop's row
+            cursor.execute(f"SELECT id FROM {PlainOrder._meta.db_table} WHERE id = %s FOR UPDATE", [paying.pk])
+        monkey = giveback.BUSY_ROUNDS
+        giveback.BUSY_ROUNDS = 1
+        try:
+            command("order_timeout_resume", "--timer", "plain-order-payment", "--give-back")
+        finally:
+            giveback.BUSY_ROUNDS = monkey
+        payment.rollback()
+    finally:
+        payment.close()
+        connection.close()
+
+    assert Pause.objects.get().given_back_rows == 1
+
+
+def test_a_queue_rebuilt_during_a_pause_is_closed_at_once_after_the_resume(make_order, consumer, queue):
+    """Redis lost the queue while the close was paused: the rebuild puts its overdue members back (the
+    flags keep every claim off them), so the resume closes them within a look, not a scan later."""
+    from order_timeout.scans.recovery import QueueRecovery
+
+    worker = consumer()
+    recovery = QueueRecovery(worker.queue, worker.queues, worker.kinds)
+    assert recovery.run()  # the queues' epochs set up, as a consumer's first beat does
+    paused()
+    due = make_order(in_seconds=-5)
+    queue.client.flushdb()
+    assert recovery.run()
+
+    command("order_timeout_resume")
+    consumer().run(once=True)
+
+    assert (state(due), expiries(due)) == ("closed", 1)

@@ -190,8 +190,10 @@ class CompensationScan:
                 for kind in self.kinds:
                     if self.result.lock_lost:
                         break
-                    if kind.label in paused:
-                        # Staff paused it: its rows wait, as the consumers' claims do.
+                    if kind.label in paused and not self.full:
+                        # Staff paused it: its rows wait, as the consumers' claims do. (A rebuild
+                        # of a queue Redis lost puts its overdue members back all the same: its
+                        # flags, set first, keep every claim off them until the resume.)
                         self.result.figures(kind).paused = True
                         continue
                     self._close_overdue(kind, token)

@@ -96,11 +96,18 @@ def give_back(kind: Kind, pause: Pause, *, resume_at: datetime, grace: float | N
     can_give_back(kind)
     grace = settings.GIVE_BACK_GRACE if grace is None else grace
     chunk = chunk or settings.COMPENSATION_CHUNK
+    if transaction.get_connection(kind.using).in_atomic_block:
+        # Its chunks would be savepoints of one transaction holding every row it moved till the end.
+        raise PauseRefused(f"{kind.label}'s time is given back a transaction per chunk: run it outside a "
+                           "transaction (a view under ATOMIC_REQUESTS needs @transaction.non_atomic_requests).")
     if pause.given_back_seconds is None:
-        # Fixed at the first try: a give-back cut short goes on with the same length.
-        pause.given_back_seconds = max((resume_at - pause.paused_at).total_seconds(), 0.0)
-        Pause.objects.filter(pk=pause.pk).update(given_back_seconds=pause.given_back_seconds)
+        # Fixed at the first try (by whichever of two staff comes first): a give-back cut short
+        # goes on with the same length.
+        Pause.objects.filter(pk=pause.pk, given_back_seconds__isnull=True).update(
+            given_back_seconds=max((resume_at - pause.paused_at).total_seconds(), 0.0))
+        pause.refresh_from_db(fields=["given_back_seconds", "give_back_after"])
     seconds = pause.given_back_seconds
+    assert seconds is not None
     result = GiveBack(seconds=seconds, since=pause.paused_at, until=resume_at + timedelta(seconds=grace))
     walk = _Walk(kind, pause, result, timedelta(seconds=seconds), chunk)
     walk.run()
@@ -133,6 +140,8 @@ class _Walk:
     def run(self) -> None:
         busy: list[Any] = []
         after = self.pause.give_back_after
+        # The progress this walk last saw in the pause: another give-back of it moved it, so stop.
+        self.expected = after
         while True:
             page = self.rows().order_by("pk")
             if after:
@@ -158,13 +167,18 @@ class _Walk:
         write ``last`` as the pause's progress in the same transaction. The keys skipped."""
         with transaction.atomic(using=self.using), transaction.atomic(using=router.db_for_write(Pause)):
             limit_transaction(self.using)
+            self._hold_the_pause(last)
             locked = list(self.rows().filter(pk__in=keys).select_for_update(skip_locked=True)
                           .values_list("pk", "object_id" if self.outside else "pk"))
             if self.outside and locked:
-                # The shop's rows too, as an act and a set_deadline() lock them.
+                # The shop's rows too, as an act and a set_deadline() lock them; one locked elsewhere
+                # (a payment) is skipped as its deadline row would be, never waited on: a payment
+                # that locks its row and then its deadline's would deadlock with a wait here.
                 rows = self.kind.model._base_manager.db_manager(self.using)
-                pks = [self.kind.model._meta.pk.to_python(object_id) for _pk, object_id in locked]
-                list(rows.filter(pk__in=pks).select_for_update().values_list("pk", flat=True))
+                to_key = self.kind.model._meta.pk.to_python
+                held = {str(pk) for pk in rows.filter(pk__in=[to_key(object_id) for _pk, object_id in locked])
+                        .select_for_update(skip_locked=True).values_list("pk", flat=True)}
+                locked = [(pk, object_id) for pk, object_id in locked if str(to_key(object_id)) in held]
             moved = [pk for pk, _row in locked]
             if moved:
                 self.rows().filter(pk__in=moved).update(**{self.field: F(self.field) + self.by})
@@ -173,10 +187,24 @@ class _Walk:
                 progress["give_back_after"] = str(last)
             Pause.objects.filter(pk=self.pause.pk).update(**progress)
         self.result.moved += len(moved)
+        if last is not None:
+            self.expected = str(last)
         self._follow([row for _pk, row in locked])
         taken = {pk for pk, _row in locked}
         still = set(self.rows().filter(pk__in=[key for key in keys if key not in taken]).values_list("pk", flat=True))
         return [key for key in keys if key in still]
+
+    def _hold_the_pause(self, last: Any) -> None:
+        """Lock the pause for this chunk's transaction, and stop (``PauseRefused``) when it was resumed
+        or another give-back of it moved its progress since this walk last wrote it: two staff
+        giving the same time back at once move each row once, the first one's walk going on."""
+        stored = (Pause.objects.using(router.db_for_write(Pause)).select_for_update().filter(pk=self.pause.pk)
+                  .values_list("give_back_after", "resumed_at").first())
+        if stored is None or stored[1] is not None:
+            raise PauseRefused(f"{self.kind.label} was resumed meanwhile: its give-back stopped.")
+        if last is not None and stored[0] != self.expected:
+            raise PauseRefused(f"{self.kind.label}'s time is being given back by someone else: this give-back "
+                               "stopped, and no row was moved twice.")
 
     def _follow(self, rows: list[Any]) -> None:
         """Members Redis lost come back at their new deadlines (and the reminders at their moments);

@@ -123,15 +123,20 @@ def resume(names: Sequence[str], *, user: Any = None, now: datetime | None = Non
             raise PauseRefused(f"{name} is not paused (resumed meanwhile).")
         row.refresh_from_db()
         ended.append(row)
-    _tell(using, [row.timer for row in ended], paused=False)
-    who = user.get_username() if user is not None else "a command"
-    for row in ended:
-        assert row.resumed_at is not None
-        given = (f"; {row.given_back_seconds:g}s given back to {row.given_back_rows} row(s)"
-                 if row.given_back_seconds is not None else "")
-        logger.warning("%s resumed by %s after %s%s.", row.timer, who,
-                       _duration((row.resumed_at - row.paused_at).total_seconds()), given)
+        # Told and logged as each one ends: a later timer's give-back failing leaves none resumed
+        # but untold.
+        _tell(using, [row.timer], paused=False)
+        _log_resumed(row, user)
     return ended
+
+
+def _log_resumed(row: Pause, user: Any) -> None:
+    assert row.resumed_at is not None
+    who = user.get_username() if user is not None else "a command"
+    given = (f"; {row.given_back_seconds:g}s given back to {row.given_back_rows} row(s)"
+             if row.given_back_seconds is not None else "")
+    logger.warning("%s resumed by %s after %s%s.", row.timer, who,
+                   _duration((row.resumed_at - row.paused_at).total_seconds()), given)
 
 
 def known_names() -> list[str]:
