@@ -678,8 +678,8 @@ class TimeoutQueue:
         with redis_errors("read the pause of the queue"):
             pipe = self.client.pipeline(transaction=False)
             for shard in self.shards:
-                pipe.exists(shard.keys.paused)
-            return [bool(flag) for flag in pipe.execute()]
+                pipe.get(shard.keys.paused)  # GET, as the claim script reads it (no EXISTS in the ACL rule)
+            return [flag is not None for flag in pipe.execute()]
 
     def set_paused(self, paused: bool) -> None:
         """Set (or clear) every shard's paused flag: the claim script claims nothing while it is set."""

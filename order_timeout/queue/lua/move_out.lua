@@ -38,5 +38,5 @@ for i = 2, #ARGV, 3 do
     moved = moved + 1
   end
 end
-if rcall('EXISTS', leased) == 0 then rcall('HDEL', owners, '') end
+if rcall('ZCARD', leased) == 0 then rcall('HDEL', owners, '') end
 return moved

@@ -30,13 +30,15 @@ local function forget_members(keys, token, members)
   redis.call('HDEL', keys.owners, unpack(ours))
   -- With the shard's last lease, the owners hash's own field (lib/owners_as_table.lua): a shard
   -- that holds nothing keeps no key (the next lease makes the hash a table again).
-  if redis.call('EXISTS', keys.leased) == 0 then redis.call('HDEL', keys.owners, '') end
+  -- (ZCARD and HLEN rather than EXISTS: the least-privilege ACL rule of docs/operations.md has
+  -- no EXISTS; each is O(1) and 0 for a key that does not exist.)
+  if redis.call('ZCARD', keys.leased) == 0 then redis.call('HDEL', keys.owners, '') end
   -- Retry state is rare: a key that does not exist is not handed the batch's members.
   for _, held_state in ipairs({ keys.attempts, keys.first_failure, keys.takeovers }) do
-    if redis.call('EXISTS', held_state) == 1 then redis.call('HDEL', held_state, unpack(ours)) end
+    if redis.call('HLEN', held_state) > 0 then redis.call('HDEL', held_state, unpack(ours)) end
   end
   for _, marked in ipairs({ keys.busy, keys.held }) do
-    if redis.call('EXISTS', marked) == 1 then redis.call('ZREM', marked, unpack(ours)) end
+    if redis.call('ZCARD', marked) > 0 then redis.call('ZREM', marked, unpack(ours)) end
   end
   return #ours
 end
