@@ -19,9 +19,11 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from datetime import timedelta
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -169,34 +171,49 @@ def test_the_expiry_moves_the_models_auto_now_column(expiring):
     assert row.status == TicketOrderStatus.EXPIRED and row.last_modified > before
 
 
-def test_forty_payments_racing_their_deadlines_lose_no_update(ticket_timers, consumer):
-    """Each payment reads its order before the deadline and writes around it; the consumer expires
-    what is still pending. Every order ends paid with its books, or expired with its effects."""
-    orders = [checkout(in_seconds=1.0) for _ in range(40)]
-    deadline = time.monotonic() + 1.0
-    results: dict[int, str] = {}
+Capture = Callable[[TicketOrder], None]
+
+
+def racing_the_deadline(ticket_timers: Any, consumer: Any, deadline: float,
+                        payments: list[Callable[[Capture], Any]]) -> list[BaseException]:
+    """Each payment in a thread of its own, its capture at the provider until around ``deadline``
+    (some writes land before the expiry, some after), while a consumer expires what is still
+    pending; once nothing is pending, what the payments raised."""
     errors: list[BaseException] = []
 
     def capture(order: TicketOrder) -> None:
-        # At the provider until around the deadline: some writes land before the expiry, some after.
         time.sleep(max(deadline + random.uniform(-0.3, 0.4) - time.monotonic(), 0))
 
-    def payment(order: TicketOrder) -> None:
+    def payment(paying: Callable[[Capture], Any]) -> None:
         try:
-            results[order.pk] = pay(order.pk, capture)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+            paying(capture)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
             errors.append(exc)
         finally:
             connection.close()
 
     worker = consumer(kinds=[ticket_timers], follow_database_clock=True, now=None)
     with running(worker):
-        threads = [threading.Thread(target=payment, args=(order,)) for order in orders]
+        threads = [threading.Thread(target=payment, args=(paying,)) for paying in payments]
         for thread in threads:
             thread.start()
         for thread in threads:
             finish(thread)
         wait_for(lambda: not TicketOrder.objects.filter(status=TicketOrderStatus.PENDING).exists())
+    return errors
+
+
+def test_forty_payments_racing_their_deadlines_lose_no_update(ticket_timers, consumer):
+    """Each payment reads its order before the deadline and writes around it; the consumer expires
+    what is still pending. Every order ends paid with its books, or expired with its effects."""
+    orders = [checkout(in_seconds=1.0) for _ in range(40)]
+    deadline = time.monotonic() + 1.0
+    results: dict[int, str] = {}
+
+    def paying(pk: int) -> Callable[[Capture], None]:
+        return lambda capture: results.__setitem__(pk, pay(pk, capture))
+
+    errors = racing_the_deadline(ticket_timers, consumer, deadline, [paying(order.pk) for order in orders])
 
     assert not errors, errors
     assert [order.pk for order in orders if lost_update(order)] == []
@@ -300,29 +317,16 @@ def test_forty_payments_confirmed_racing_their_deadlines_leave_no_confirmed_paym
     transaction with the order locked: there is none to record."""
     paid = [paid_apart(in_seconds=1.0) for _ in range(40)]
     deadline = time.monotonic() + 1.0
-    errors: list[BaseException] = []
 
-    def capture(order: TicketOrder) -> None:
-        time.sleep(max(deadline + random.uniform(-0.3, 0.4) - time.monotonic(), 0))
+    def confirmed(payment_id: int) -> Callable[[Capture], None]:
+        def run(capture: Capture) -> None:
+            try:
+                confirming(payment_id, capture)
+            except StaleOrderStatus:
+                pass  # the shop's API answers it (409); its payment stays confirmed
+        return run
 
-    def payment(payment_id: int) -> None:
-        try:
-            confirming(payment_id, capture)
-        except StaleOrderStatus:
-            pass  # the shop's API answers it (409); its payment stays confirmed
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    worker = consumer(kinds=[ticket_timers], follow_database_clock=True, now=None)
-    with running(worker):
-        threads = [threading.Thread(target=payment, args=(row.pk,)) for _order, row in paid]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            finish(thread)
-        wait_for(lambda: not TicketOrder.objects.filter(status=TicketOrderStatus.PENDING).exists())
+    errors = racing_the_deadline(ticket_timers, consumer, deadline, [confirmed(row.pk) for _order, row in paid])
 
     assert not errors, errors
     left = [order.pk for order, row in paid if books_of(order)[0] == TicketOrderStatus.EXPIRED

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from django.db.models import Q
 
 from ..db.walk import rows_by_deadline
+from .owning import OwnsRows
 
 if TYPE_CHECKING:
     from ..db.locks import LockedOrders
@@ -26,17 +27,8 @@ Rows = Iterator[list[tuple[Any, datetime]]]
 _COUNT_CHUNK = 1000
 
 
-class RowsOfATimer(Protocol):
+class RowsOfATimer(OwnsRows, Protocol):
     """What the app's table of deadlines needs of the timer whose deadlines it keeps."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def model(self) -> Any: ...
-
-    @property
-    def using(self) -> str: ...
 
     def schedule(self, rows: Any) -> None: ...
 

@@ -21,19 +21,11 @@ from ..conf import settings
 from ..models import DeadLetter
 from .members import datetime_of_score
 from .outcome import Key
+from .owning import OwnsRows
 
 
-class Buries(Protocol):
+class Buries(OwnsRows, Protocol):
     """What writing a kind's dead letters needs of it: whose rows, which are still pending."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def model(self) -> Any: ...
-
-    @property
-    def using(self) -> str: ...
 
     @property
     def pending(self) -> Any: ...

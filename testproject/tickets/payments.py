@@ -79,14 +79,7 @@ def confirm(payment_id: int, capture: Capture | None = None) -> str:
         return "already confirmed"  # the provider's webhook, retried
     order = payment.order
     (capture or capture_at_the_provider)(order)
-    payment.state, payment.confirmed_at = PaymentState.CONFIRMED, timezone.now()
-    payment.save(update_fields=["state", "confirmed_at"])
-    if order.status == TicketOrderStatus.EXPIRED:
-        return accept_late_payment(order)
-    order.status = TicketOrderStatus.PAID
-    order.save()
-    Invoice.objects.filter(order=order).update(state=InvoiceState.PAID)
-    return "paid"
+    return _record(payment, order)
 
 
 def paypal_webhook(payment_id: int) -> str:
@@ -112,11 +105,18 @@ def confirm_with_the_order_locked(payment_id: int, capture: Capture | None = Non
         payment = Payment.objects.select_for_update().get(pk=payment_id)
         if payment.state == PaymentState.CONFIRMED:
             return "already confirmed"
-        payment.state, payment.confirmed_at = PaymentState.CONFIRMED, timezone.now()
-        payment.save(update_fields=["state", "confirmed_at"])
-        if order.status == TicketOrderStatus.EXPIRED:
-            return accept_late_payment(order)
-        order.status = TicketOrderStatus.PAID
-        order.save()
-        Invoice.objects.filter(order=order).update(state=InvoiceState.PAID)
+        return _record(payment, order)
+
+
+def _record(payment: Payment, order: TicketOrder) -> str:
+    """The payment confirmed, then the order paid with its invoice, or the shop's path for a
+    payment that came after the expiry: the same writes in both shapes; what differs is whether
+    they share one transaction with the order locked first."""
+    payment.state, payment.confirmed_at = PaymentState.CONFIRMED, timezone.now()
+    payment.save(update_fields=["state", "confirmed_at"])
+    if order.status == TicketOrderStatus.EXPIRED:
+        return accept_late_payment(order)
+    order.status = TicketOrderStatus.PAID
+    order.save()
+    Invoice.objects.filter(order=order).update(state=InvoiceState.PAID)
     return "paid"
