@@ -55,3 +55,16 @@ def test_a_registered_timer_is_read_by_the_engine_not_made_into_it():
     assert isinstance(kind, Declared) and not isinstance(kind, Timer)
     assert isinstance(kind.declaration, Timer)
     assert (kind.pending, kind.values) == (type(kind.declaration).pending, type(kind.declaration).values)
+
+
+def test_the_engine_and_the_declaration_default_each_shared_attribute_alike():
+    """Kind lists the declaration's attributes again as the defaults of the app's own kinds: what a
+    plain declared timer and a plain kind do must not drift apart."""
+    from order_timeout.timers.kind import Kind
+
+    shared = {name for name, value in vars(Timer).items()
+              if not name.startswith("_") and not callable(value) and hasattr(Kind, name)}
+
+    assert shared >= {"name", "deadline", "pending", "values", "hold", "max_hold", "settled", "final",
+                      "guard_saves", "deadline_follows", "yields"}
+    assert {name: getattr(Kind, name) for name in shared} == {name: getattr(Timer, name) for name in shared}
