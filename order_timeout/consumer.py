@@ -273,12 +273,13 @@ class Consumer:
         if unacked is not None and unacked.shard is not shard:
             self.flush_acks()
             unacked = None
+        asked = self.rota.wakes()
         claim = shard.claim(due_ms, self._limit_of_lane[lane], now_score(now) + self.lease_ms, next(self._claims),
                             due_first=self._took_over,
                             ack=(unacked.token, unacked.members) if unacked is not None else None)
         self._unacked = None
         self._took_over = claim.takeovers > 0
-        self.rota.claimed(lane, claim, full=len(claim.members) >= self._limit_of_lane[lane])
+        self.rota.claimed(lane, claim, full=len(claim.members) >= self._limit_of_lane[lane], since=asked)
         return claim
 
     def kind_of(self, claim: Claim) -> tuple[Kind, TimeoutQueue]:
@@ -494,7 +495,8 @@ class Consumer:
             return False
         self._refreshed_at = time.monotonic()
         try:
-            self.rota.refreshed(self.lanes.next_scores())
+            asked = self.rota.wakes()
+            self.rota.refreshed(self.lanes.next_scores(), since=asked)
         except QueueUnavailable:
             return False
         return self.rota.has_due(now_score(self.clock()))

@@ -708,6 +708,43 @@ def test_a_new_earlier_deadline_wakes_a_sleeping_consumer(make_order):
         wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed")
 
 
+def test_a_wake_up_that_comes_while_its_lanes_claim_is_answered_is_not_lost(make_order):
+    """Seen in CI (PostgreSQL, a loaded run): a consumer claimed the close lane and found it empty;
+    before it wrote down "empty", the listener heard of a new deadline there; the consumer then
+    wrote "empty" over the wake-up and slept its MAX_WAIT (an hour) with the order due. Here the
+    wake-up is made to come in exactly that gap."""
+    worker = Consumer(max_wait=3600, kinds=order_kinds())
+    lane = next(lane for lane, kind in enumerate(worker._kind_of_lane) if kind.model is Order)
+    shard = worker.lanes.shards[lane]
+    answered, go_on, woken = threading.Event(), threading.Event(), threading.Event()
+    in_the_gap = threading.Event()
+    claim, woke = shard.claim, worker.rota.woke
+
+    def claim_then_wait(*args, **kwargs):
+        reply = claim(*args, **kwargs)
+        if in_the_gap.is_set() and not reply.members:
+            in_the_gap.clear()
+            answered.set()
+            go_on.wait(10)
+        return reply
+
+    def woke_and_tell(index):
+        woke(index)
+        if index == lane and answered.is_set():
+            woken.set()
+
+    shard.claim, worker.rota.woke = claim_then_wait, woke_and_tell
+    with running(worker):
+        wait_for(lambda: worker._listener is not None and worker._listener.subscribed)
+        in_the_gap.set()
+        worker._woken(lane)  # the consumer claims the lane (empty) and stops before noting it
+        wait_for(answered.is_set, timeout=10)
+        order = make_order(in_seconds=0.2)  # its wake-up comes while the empty answer is in hand
+        wait_for(woken.is_set, timeout=10)
+        go_on.set()
+        wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed", timeout=10)
+
+
 @both_redis
 def test_a_wake_up_subscription_that_comes_back_looks_at_every_lane_at_once(queue):
     """Seen in CI's Redis Cluster failover test: a deadline published while a consumer's

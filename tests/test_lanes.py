@@ -126,3 +126,38 @@ def test_lanes_not_known_yet_are_asked_in_turn():
 
     assert lanes._next == [UNKNOWN] * 3
     assert [lanes.next_due(DUE) for _ in range(3)] == [0, 1, 2]
+
+
+def test_a_wake_up_that_comes_while_a_claim_is_answered_is_not_written_over():
+    """The listener's thread wakes a lane between the claim's reply (empty) and the consumer
+    noting it: the lane stays to be asked again, not "empty" until MAX_WAIT."""
+    lanes = rota(2)
+    due(lanes, 0)
+    asked = lanes.wakes()
+    assert lanes.next_due(DUE) == 0
+
+    lanes.woke(0)
+    lanes.claimed(0, Claim(members=[], next_score=None), since=asked)
+
+    assert lanes.next_due(DUE) == 0
+
+
+def test_a_wake_up_that_comes_while_every_lane_is_refreshed_is_not_written_over():
+    lanes = rota(2)
+    asked = lanes.wakes()
+
+    lanes.woke(1)
+    lanes.refreshed({0: None, 1: None}, since=asked)
+
+    assert lanes.next_due(DUE) == 1 and lanes.earliest() == UNKNOWN
+
+
+def test_a_claim_with_no_wake_up_since_it_was_asked_notes_its_answer():
+    lanes = rota(1)
+    due(lanes, 0)
+    asked = lanes.wakes()
+    lanes.next_due(DUE)
+
+    lanes.claimed(0, Claim(members=[], next_score=5_000), since=asked)
+
+    assert lanes.next_due(DUE) is None and lanes.earliest() == 5_000

@@ -87,6 +87,18 @@ class ShardRota:
         self._backlog: set[int] = set()
         # The lanes of a paused kind (staff paused it): never claimed, never due, until resumed.
         self._paused: frozenset[int] = frozenset()
+        # Per lane, how many times it was woken (the listener's thread): an answer asked before
+        # the last wake-up is older than it, and must not write "empty" over it.
+        self._wakes = [0] * shards
+
+    def wakes(self) -> tuple[int, ...]:
+        """Each lane's wake-ups so far: take it before asking Redis, give it to ``claimed`` or
+        ``refreshed`` with the answer (a wake-up in between keeps its lane to be asked again)."""
+        with self._lock:
+            return tuple(self._wakes)
+
+    def _woken_since(self, lane: int, since: Sequence[int] | None) -> bool:
+        return since is not None and self._wakes[lane] != since[lane]
 
     def pause(self, lanes: Collection[int]) -> None:
         """Claim none of ``lanes`` from now on (and none of the others' pause any more)."""
@@ -95,6 +107,7 @@ class ShardRota:
             for lane in range(self.count):
                 if lane not in self._paused:
                     self._next[lane] = UNKNOWN  # resumed: what fell due meanwhile is due now
+                    self._wakes[lane] += 1
 
     def next_due(self, due_ms: int) -> int | None:
         """The next shard, going round, with something due by ``due_ms``; None if none has."""
@@ -126,11 +139,13 @@ class ShardRota:
             return any(score is not None and score <= due_ms and lane not in self._paused
                        for lane, score in enumerate(self._next))
 
-    def claimed(self, lane: int, claim: Claim, full: bool = False) -> None:
-        """``claim`` came from ``lane``; ``full``: it took as many members as it could."""
+    def claimed(self, lane: int, claim: Claim, full: bool = False, *, since: Sequence[int] | None = None) -> None:
+        """``claim`` came from ``lane``; ``full``: it took as many members as it could; ``since``:
+        ``wakes()`` as the claim was sent."""
         with self._lock:
             # After a claim that took members, more may be due at once.
-            self._next[lane] = UNKNOWN if claim.members else claim.next_score
+            fresh = not claim.members and not self._woken_since(lane, since)
+            self._next[lane] = claim.next_score if fresh else UNKNOWN
             if full:
                 self._backlog.add(lane)
             else:
@@ -140,11 +155,14 @@ class ShardRota:
         """A new earliest deadline was scheduled on ``shard``."""
         with self._lock:
             self._next[shard] = UNKNOWN
+            self._wakes[shard] += 1
 
-    def refreshed(self, scores: dict[int, int | None]) -> None:
+    def refreshed(self, scores: dict[int, int | None], *, since: Sequence[int] | None = None) -> None:
+        """Every lane's next score, asked after ``since`` (``wakes()``)."""
         with self._lock:
             for index, score in scores.items():
-                self._next[index] = score
+                if not self._woken_since(index, since):
+                    self._next[index] = score
 
     def earliest(self) -> int | None:
         """The earliest next score over every shard (None when all are empty)."""
