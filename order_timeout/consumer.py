@@ -49,6 +49,7 @@ from .timers.members import now_score
 from .timers.outcome import Report
 from .timers.pausing import PauseWatch, synced_flags
 from .timers.registry import ORDER_TIMEOUT, REMINDERS, registry
+from .timers.sizing import BatchSizes
 from .timers.watch import BatchWatch
 from .timers.watchdog import exit_stuck
 
@@ -209,9 +210,12 @@ class Consumer:
         self.lanes = Lanes(self.queues)
         self._kind_of_lane = [kind for kind, queue in zip(self.kinds, self.queues, strict=True)
                               for _ in queue.shards]
-        # Most members a claim of each lane takes: the batch size, or less for a kind that says so.
-        self._limit_of_lane = [min(self.batch_size, kind.claim_limit or self.batch_size)
-                               for kind in self._kind_of_lane]
+        # Most members a claim of each lane takes: the batch size, or less for a kind that says so;
+        # fewer while that kind's batches overrun BATCH_TIME_LIMIT (timers/sizing.py).
+        self.sizes = BatchSizes(most=[min(self.batch_size, kind.claim_limit or self.batch_size)
+                                      for kind in self._kind_of_lane],
+                                kinds=[kind.label for kind in self._kind_of_lane], time_limit=self.batch_time_limit)
+        self._claimed_lane = 0
         self.rota = ShardRota(len(self.lanes.shards),
                               yielding={lane for lane, kind in enumerate(self._kind_of_lane) if kind.yields})
         # This consumer's id: the first part of its claim tokens, and what its heartbeat names.
@@ -274,12 +278,14 @@ class Consumer:
             self.flush_acks()
             unacked = None
         asked = self.rota.wakes()
-        claim = shard.claim(due_ms, self._limit_of_lane[lane], now_score(now) + self.lease_ms, next(self._claims),
+        limit = self.sizes.limit(lane)
+        claim = shard.claim(due_ms, limit, now_score(now) + self.lease_ms, next(self._claims),
                             due_first=self._took_over,
                             ack=(unacked.token, unacked.members) if unacked is not None else None)
         self._unacked = None
         self._took_over = claim.takeovers > 0
-        self.rota.claimed(lane, claim, full=len(claim.members) >= self._limit_of_lane[lane], since=asked)
+        self._claimed_lane = lane
+        self.rota.claimed(lane, claim, full=len(claim.members) >= limit, since=asked)
         return claim
 
     def kind_of(self, claim: Claim) -> tuple[Kind, TimeoutQueue]:
@@ -332,16 +338,25 @@ class Consumer:
             self.metrics.claimed(time.perf_counter() - started, len(claim.members))
             if claim.members:
                 kind, queue = self.kind_of(claim)
+                self.watch.last = None  # the watch's, if it watches this batch (not one given up unread)
                 try:
                     report = self.lifecycle.process(kind, queue, claim, now, ack=self._ack_later(queue, claim))
                 except DatabaseError:
                     self._release(queue, claim, now)
                     raise
+                self._learn_size(self._claimed_lane, claim)
                 self.stats.add(kind, report)
                 self._log(kind, report, started)
             return claim
         finally:
             close_old_connections()
+
+    def _learn_size(self, lane: int, claim: Claim) -> None:
+        """Claim fewer of a kind after a batch given up for time, more after full ones that fit."""
+        batch = self.watch.last
+        if batch is not None:
+            self.sizes.finished(lane, claimed=len(claim.members), seconds=time.monotonic() - batch.started,
+                                given_up=batch.given_up.is_set(), done=batch.done)
 
     def _ack_later(self, queue: TimeoutQueue, claim: Claim) -> Callable[[str, list[str]], None]:
         """The lifecycle's ack for ``claim``: kept for the next claim of its shard (its members are

@@ -13,7 +13,7 @@ import pytest
 from django.db import DatabaseError, OperationalError, connection, connections, transaction
 from django.utils import timezone
 
-from order_timeout import unschedule
+from order_timeout import schedule, unschedule
 from order_timeout.conf import settings as order_settings
 from order_timeout.consumer import Consumer
 from order_timeout.db.session import end_session, limit_session, session_id
@@ -25,6 +25,7 @@ from order_timeout.timers.leases import LeaseGuard
 from order_timeout.timers.members import now_score
 from order_timeout.timers.staff import close_now
 from order_timeout.timers.watchdog import EXIT_STUCK
+from testproject.shop.models import Expiry
 
 from .conftest import both_models, finish, running, wait_for
 from .helpers import (
@@ -199,6 +200,46 @@ def test_a_live_consumer_keeps_a_batch_past_its_lease_until_the_batch_time_limit
     assert taken == []
     assert state(order) == "closed" and expiries(order) == 1
     assert slow.stats.closed == 1
+
+
+def due_orders(count: int) -> None:
+    """``count`` orders due a second ago, in the queue at once (one schedule)."""
+    deadline = timezone.now() - timedelta(seconds=1)
+    schedule(Order.objects.bulk_create([Order(expires_at=deadline) for _ in range(count)]))
+
+
+def test_slow_but_healthy_receivers_cost_one_give_up_then_batches_of_what_fits_until_they_are_fast_again(
+        receiver, settings, caplog):
+    """Seen when tried: receivers at 20 ms an order, batches twice as long as BATCH_TIME_LIMIT, and
+    every batch was given up and taken over whole again (600 orders still 47 short of closed after
+    39 s of a 6 s job). Now the first give-up makes the consumer claim half of what that batch got
+    done; every order closes once; when the receivers are fast again the claims grow back."""
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "BATCH_TIME_LIMIT": 1.2}
+    slow = threading.Event()
+    slow.set()
+
+    @receiver
+    def call_a_slow_erp(sender, order, **kwargs):
+        if slow.is_set():
+            time.sleep(0.03)
+
+    due_orders(100)
+    worker = Consumer(batch_size=100, max_wait=0.05, kinds=order_kinds())
+    close = next(lane for lane, kind in enumerate(worker._kind_of_lane) if kind.label == "close")
+    caplog.set_level(logging.INFO, logger="order_timeout")
+    with running(worker):
+        wait_for(lambda: count_in(Order, "closed") == 100, timeout=60)
+        while_slow = worker.sizes.limit(close)
+        slow.clear()
+        due_orders(300)
+        wait_for(lambda: count_in(Order, "closed") == 400, timeout=60)
+
+    given_up = [record for record in caplog.records if "giving it up" in record.getMessage()]
+    assert len(given_up) == 1
+    assert 1 <= while_slow <= 25  # half of what 1.2 s of 30 ms receivers got done, at most
+    assert worker.sizes.limit(close) == 100
+    assert worker.stats.closed == 400
+    assert Expiry.objects.count() == Expiry.objects.values("order_id").distinct().count() == 400
 
 
 def test_a_batch_that_finished_as_its_lease_ran_out_keeps_its_session(queue):

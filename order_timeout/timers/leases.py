@@ -54,9 +54,16 @@ class WatchedBatch:
     reported_stuck: bool = False
     # The queue its members were claimed from (the closes', the reminders'); None: the guard's.
     queue: TimeoutQueue | None = None
+    # time.monotonic() when it was put under watch, and how many of its keys' receivers have run
+    # since (its act's ``progress``): how far a batch given up for time got (timers/sizing.py).
+    started: float = field(default_factory=time.monotonic)
+    done: int = 0
 
     def expired(self) -> bool:
         return self.given_up.is_set() or time.monotonic() >= self.deadline
+
+    def advance(self) -> None:
+        self.done += 1
 
 
 class LeaseGuard:

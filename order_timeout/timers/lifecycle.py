@@ -88,9 +88,11 @@ class Lifecycle:
         if claim.died_alone and claim.takeovers > self.max_takeovers and by_key:
             return self._give_up_taken_over(kind, queue, claim, by_key, now, report)
         # 3. Lock the rows by the database's clock, judge each under its lock, act on the due ones:
-        # one transaction (acting.act_on), watched so that a batch past its time limit stops.
+        # one transaction (acting.act_on), watched so that a batch past its time limit stops (and the
+        # watch knows how far it got).
         with self.watch.watching(claim, queue, kind.using) as batch:
-            outcome = act_on(kind, list(by_key), should_stop=batch.expired if batch else None)
+            outcome = act_on(kind, list(by_key), should_stop=batch.expired if batch else None,
+                             progress=batch.advance if batch else None)
         self.clock.learn(outcome.db_now)
         acted_at = self.clock()
         # 4. Settle every member in Redis: ack, reschedule, look again, hand over, retry, give up.

@@ -30,6 +30,8 @@ class BatchWatch:
         # consumer dead to end: a frozen consumer's transaction would keep its rows locked).
         self.on_session: Callable[[str, str | None], None] | None = None
         self._limited: dict[str, Any] = {}
+        # The batch watched last (None when the last batch ran with no guard).
+        self.last: WatchedBatch | None = None
         self._identity: dict[str, str | None] = {}
 
     @contextmanager
@@ -44,6 +46,7 @@ class BatchWatch:
             if using not in self._identity:
                 self._identity[using] = session_identity(connection)
             self.on_session(using, self._identity[using])
+        self.last = None
         if self.guard is None:
             yield None
             return
@@ -51,6 +54,7 @@ class BatchWatch:
         try:
             with self.guard.watching(claim.token, claim.members, session_id(connection), using,
                                      queue=queue) as batch:
+                self.last = batch
                 yield batch
         finally:
             # The guard let go of it above: given_up is final. A session given up is being
