@@ -18,7 +18,6 @@ nothing outlives the process.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Sequence
 
 logger = logging.getLogger("order_timeout")
@@ -28,7 +27,8 @@ WELL_INSIDE = 0.25
 
 
 class BatchSizes:
-    """``limit(lane)``: how many members the next claim of ``lane`` takes; ``finished`` teaches it."""
+    """``limit(lane)``: how many members the next claim of ``lane`` takes; ``finished`` teaches it.
+    The consumer's own thread asks and teaches: no lock."""
 
     def __init__(self, most: Sequence[int], kinds: Sequence[str], time_limit: float) -> None:
         # Per lane: its kind's name (the lanes of a kind share a size) and that kind's most.
@@ -36,7 +36,6 @@ class BatchSizes:
         self._most = dict(zip(kinds, most, strict=True))
         self._limit = dict(self._most)
         self.time_limit = time_limit
-        self._lock = threading.Lock()
 
     def limit(self, lane: int) -> int:
         return self._limit[self._kind_of_lane[lane]]
@@ -45,15 +44,14 @@ class BatchSizes:
         """A batch of ``claimed`` members of ``lane`` ended ``seconds`` after its claim; ``given_up``
         for time, with ``done`` of them acted on (and rolled back) by then."""
         kind = self._kind_of_lane[lane]
-        with self._lock:
-            before = self._limit[kind]
-            if given_up:
-                after = max(1, min(before // 2, done // 2) if done else before // 2)
-            elif claimed >= before and seconds <= WELL_INSIDE * self.time_limit:
-                after = min(self._most[kind], 2 * before)
-            else:
-                return
-            self._limit[kind] = after
+        before = self._limit[kind]
+        if given_up:
+            after = max(1, min(before // 2, done // 2) if done else before // 2)
+        elif claimed >= before and seconds <= WELL_INSIDE * self.time_limit:
+            after = min(self._most[kind], 2 * before)
+        else:
+            return
+        self._limit[kind] = after
         if given_up and after < before:
             logger.warning("%s: a batch of %d was given up for time with %d done: claiming at most %d from "
                            "now on, more again once batches finish well inside BATCH_TIME_LIMIT (%gs).",
