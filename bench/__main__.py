@@ -49,7 +49,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="Run the chosen rows this many times, alternating (ours, then REF's, ...): "
                              "each figure is the round of median burst closes/s, each ratio the median of "
                              "the rounds' ratios (one VM's row-to-row spread is +-15 %%).")
+    parser.add_argument("--slow-receivers-only", action="store_true",
+                        help="Run the slow receivers workload alone (bench/slow_receivers.py: 600 orders on two "
+                             "consumers whose receivers take 20 ms an order), none of the rows, the scale or "
+                             "the parts. Every run that has our row runs it too.")
     args = parser.parse_args(argv)
+    if args.slow_receivers_only:
+        if args.compare:
+            parser.error("--slow-receivers-only runs no row: --compare would have nothing to compare")
+        args.systems = args.systems or "ours"
+        if "ours" not in args.systems.split(","):
+            parser.error("--slow-receivers-only runs on our consumers: --systems must name ours")
+        args.no_scale = args.no_parts = True
     if args.systems is None:
         args.systems = ",".join(name for name, cls in SYSTEMS.items() if not (args.quick and cls.full_only))
     unknown = set(args.systems.split(",")) - set(SYSTEMS)
@@ -102,7 +113,7 @@ def main(argv: list[str]) -> int:
     from django_redis import get_redis_connection
 
     from . import crash, report, workloads
-    from .systems import SYSTEMS
+    from .systems import SYSTEMS, Ours
 
     sizes = workloads.QUICK if args.quick else workloads.FULL
     if args.burst:
@@ -134,7 +145,8 @@ def main(argv: list[str]) -> int:
     data: dict[str, Any] = {"quick": args.quick, "machine": machine(), "sizes": sizes.__dict__,
                             "systems": {}, "errors": {}, "batch_window_ms": 1000 * order_settings.BATCH_WINDOW,
                             "commit": _commit()}
-    chosen = [SYSTEMS[name] for name in args.systems.split(",")]
+    # --slow-receivers-only: no row, only the workload below that runs on ours.
+    chosen = [] if args.slow_receivers_only else [SYSTEMS[name] for name in args.systems.split(",")]
     for cls in [cls for cls in chosen if connection.vendor not in cls.vendors]:
         print(f"{cls.label}: not on {connection.vendor} (it runs on {', '.join(cls.vendors)} only)", flush=True)
         chosen.remove(cls)
@@ -152,11 +164,12 @@ def main(argv: list[str]) -> int:
             chosen.append(compare.at_ref(SYSTEMS["ours"], tree, args.compare, sha))
 
     workloads.reset()
-    print("measuring the create transaction ...", flush=True)
-    data["create"] = workloads.create_overhead(
-        [system for system in (cls(Path()) for cls in chosen) if system.measures_create],
-        sizes.create_samples)
-    if "ours" in args.systems.split(","):
+    if chosen:
+        print("measuring the create transaction ...", flush=True)
+        data["create"] = workloads.create_overhead(
+            [system for system in (cls(Path()) for cls in chosen) if system.measures_create],
+            sizes.create_samples)
+    if SYSTEMS["ours"] in chosen:
         print("measuring claim latency as the pending set grows ...", flush=True)
         data["claim_latency"] = workloads.claim_latency(sizes)
 
@@ -222,6 +235,23 @@ def main(argv: list[str]) -> int:
         data["rounds"] = {name: [((run.get("burst") or {}).get("closes_per_s"),
                                   (run.get("burst") or {}).get("cpu_ms_per_close")) for run in runs]
                           for name, runs in rounds.items()}
+    if "ours" in args.systems.split(","):
+        from . import slow_receivers
+
+        print(f"slow receivers: {slow_receivers.ORDERS} orders due at once, receivers of "
+              f"{1000 * slow_receivers.DELAY:g} ms an order, BATCH_TIME_LIMIT {slow_receivers.TIME_LIMIT:g} s ...",
+              flush=True)
+        workloads.reset()
+        record_dir = Path(tempfile.mkdtemp(prefix="bench-slow-receivers-"))
+        ours = SYSTEMS["ours"](record_dir)
+        assert isinstance(ours, Ours)
+        data["slow_receivers"] = slow_receivers.slow_receivers(ours)
+        if ours.errors:
+            data["errors"]["slow_receivers"] = ours.errors
+        if os.environ.get("BENCH_KEEP_LOGS") == "1":
+            print(f"  consumers' logs kept in {record_dir}", flush=True)
+        else:
+            shutil.rmtree(record_dir, ignore_errors=True)
     if not args.no_scale:
         from . import scale
 
@@ -248,10 +278,11 @@ def main(argv: list[str]) -> int:
     (args.out / "results.json").write_text(json.dumps(data, indent=2, default=str))
     markdown = report.markdown(data)
     (args.out / "results.md").write_text(markdown)
-    report.plot(data, args.out / "results.png")
+    if data["systems"]:
+        report.plot(data, args.out / "results.png")
     print()
     print(markdown)
-    print(f"Wrote {args.out / 'results.json'}, results.md and results.png "
+    print(f"Wrote {args.out / 'results.json'}, results.md{' and results.png' if data['systems'] else ''} "
           f"in {data['elapsed_s']:.0f} s.")
     for name, errors in data["errors"].items():
         print(f"{name}: a closer exited badly; the end of its stderr:\n{errors[-1]}", file=sys.stderr)

@@ -59,6 +59,8 @@ def _median(values: list[float]) -> float:
 
 
 def markdown(data: dict[str, Any]) -> str:
+    if not data["systems"]:  # --slow-receivers-only: no row ran
+        return "\n".join([*_slow_receivers_lines(data)[1:], "", _machine_line(data)]) + "\n"
     sizes = data["sizes"]
     systems = data["systems"]
     floor = (systems.get("floor") or {}).get("burst") or {}
@@ -151,6 +153,7 @@ def markdown(data: dict[str, Any]) -> str:
                   for target, measured, met in targets(data)]
     lines += _parts_lines(data)
     lines += _crash_lines(data)
+    lines += _slow_receivers_lines(data)
     lines += _notices_lines(data)
     lines += _scale_lines(data)
     lines += ["", _machine_line(data)]
@@ -231,6 +234,30 @@ def _crash_row(label: str, run: dict[str, Any], note: str) -> str:
             f"| {'**' + format(run['never'], ',') + '**' if run['never'] else 0} | {run['twice']:,} "
             f"| {_num(run['late'])} ({_num(run['late_bound_s'], 2)}) | {_num(run['latest_s'], 2)} "
             f"| {run['killed_after_s']:.2f} s ({run['closed_at_kill']:,}) | {note} |")
+
+
+def _slow_receivers_lines(data: dict[str, Any]) -> list[str]:
+    """The slow receivers workload (bench/slow_receivers.py): one row, its targets beside it."""
+    run = data.get("slow_receivers")
+    if not run:
+        return []
+    given_up = run["given_up"]
+    least = ", ".join("-" if size is None else str(size) for size in run["least_claim"])
+    drained = (f"{run['drain_s']:.2f} s" if run["drain_s"] is not None
+               else f"{run['closed']:,} of {run['orders']:,} in {run['waited_s']:.0f} s")
+    ratio = f"{run['ratio']:.2f}x" if run["ratio"] is not None else "-"
+    met = run["ratio"] is not None and run["ratio"] <= 2.0 and max(given_up, default=0) <= 1
+    return ["", f"Slow receivers: {run['orders']:,} orders due at one instant on {len(given_up)} consumers started "
+                f"for it alone (batch {run['batch']}, BATCH_TIME_LIMIT {run['time_limit_s']:g} s), whose "
+                f"`order_expired` receiver takes {1000 * run['delay_s']:g} ms an order, so a batch of "
+                f"{run['batch']} needs {run['batch'] * run['delay_s']:g} s. It shows whether a batch given up for "
+                "time is given up again and again (rolled back, taken over whole) or each consumer, after one, "
+                "claims what fits: the drain against the receivers' own time (orders x their time / consumers; "
+                "target: at most 2x) and the batches each consumer gave up (target: at most 1).", "",
+            "| drained in | receivers' own time | ratio | batches given up, per consumer | least claim after, "
+            "per consumer | closed twice | never closed | targets met |", "|---|---|---|---|---|---|---|---|",
+            f"| {drained} | {run['receivers_s']:g} s | {ratio} | {', '.join(str(n) for n in given_up)} | {least} "
+            f"| {_bold(run['twice'])} | {_bold(run['never'])} | {'yes' if met else '**no**'} |"]
 
 
 def _notices_lines(data: dict[str, Any]) -> list[str]:
@@ -464,7 +491,8 @@ def plot(data: dict[str, Any], path: Path) -> None:
 def verdict(data: dict[str, Any]) -> list[str]:
     """What fails the run: anyone closing an order twice; one of our systems (this project on
     either model, or on the cluster) crashing or leaving a workload undrained; one of our rows
-    closing an order twice or never in the crash workload. Another system struggling, or losing
+    closing an order twice or never in the crash workload, or our consumers in the slow receivers
+    workload (its targets are timings: reported, never failed). Another system struggling, or losing
     orders to the crash, is a result, not a failure; no timing ever fails it."""
     runs = [(name, kind, s[kind]) for name, s in data["systems"].items() for kind in ("steady", "burst")
             if s.get(kind)]
@@ -484,6 +512,12 @@ def verdict(data: dict[str, Any]) -> list[str]:
     failures += [f"{name}: {run['never']:,} of {run['orders']:,} orders never closed"
                  for name, run in crashes if run["never"]]
     failures += notices_failures(data)
+    slow = data.get("slow_receivers")
+    if slow:
+        failures += [f"slow receivers: {slow['twice']} orders closed twice"] if slow["twice"] else []
+        failures += [f"slow receivers: {slow['never']:,} of {slow['orders']:,} orders never closed"] \
+            if slow["never"] else []
+        failures += [f"slow receivers: {len(slow['errors'])} consumer error(s)"] if slow["errors"] else []
     failures += [f"cluster burst with {run['shards']} shard(s): {run['closed']:,} of {run['orders']:,} "
                  "orders closed" for run in data.get("cluster") or [] if run["closed"] != run["orders"]]
     return failures

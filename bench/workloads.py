@@ -63,14 +63,15 @@ QUICK = Sizes(steady_rate=200, steady_seconds=2, burst=1_000, idle=10_000, celer
 
 def reset() -> None:
     """Empty the orders tables (and every table keyed by an order: TRUNCATE reuses the ids, and
-    a payment or a sent reminder left over would hold or silence a new order with its id), the
-    queue's Redis database and Celery's broker database."""
+    a payment or a sent reminder left over would hold or silence a new order with its id; the
+    shop's expiry records, which the slow receivers workload writes), the queue's Redis database
+    and Celery's broker database."""
     from order_timeout.models import DeadLetter, Notice, QueueEpoch, Reminder
-    from testproject.shop.models import OrderPayment, OrderStatusChange, ReminderEmail, ShopOrder
+    from testproject.shop.models import Expiry, OrderPayment, OrderStatusChange, ReminderEmail, ShopOrder
 
     # QueueEpoch too: the queues start new (set up by the first consumer), not lost by Redis.
-    tables = [model._meta.db_table for model in (Order, ShopOrder, OrderStatusChange, OrderPayment,
-                                                 Reminder, ReminderEmail, DeadLetter, Notice, QueueEpoch)]
+    tables = [model._meta.db_table for model in (Order, ShopOrder, OrderStatusChange, OrderPayment, Reminder,
+                                                 ReminderEmail, DeadLetter, Notice, QueueEpoch, Expiry)]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(f"TRUNCATE TABLE {', '.join(tables)} CASCADE")
