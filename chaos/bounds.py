@@ -99,6 +99,16 @@ def poison_buried(t: Tuning) -> Bound:
 RESTART = 2.0
 
 
+def receiver_pace(orders: int, each: float, consumers: int) -> Bound:
+    """A burst due at once whose receivers are slow but healthy: drained within twice the time its
+    receivers take, shared by the consumers. The other half is for the claims, the row locks and
+    the one batch each consumer gives up for time while it learns how many fit (timers/sizing.py).
+    From the deadline, which every order of the burst shares: so, from the first deadline."""
+    receivers = orders * each / consumers
+    return Bound("a burst at its receivers' pace", 2 * receivers,
+                 f"2 x {orders:,} orders x {1000 * each:g} ms / {consumers} consumers")
+
+
 def hold_released(t: Tuning) -> Bound:
     """A held order whose payment failed: closed at the next look (every HOLD_RECHECK), whose
     consumer may die holding it (a lease). From the later of the deadline and the failure."""

@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection, connections, transaction
-from django.db.models import Count, Model
+from django.db.models import Count, Max, Model
 
 from order_timeout import get_order_model
 from order_timeout.models import DeadLetter, Notice, QueueEpoch, Reminder
@@ -1182,6 +1182,81 @@ def poison_killer(lab: Lab) -> Story:
     story.checks.append(Check("each poison member killed MAX_TAKEOVERS + 1 consumers", exits == deaths,
                               f"{exits} exits, {deaths} expected"))
     story.facts["LEASE_SECONDS"] = DEFAULT_LEASE_SECONDS
+    return story
+
+
+# -- receivers that are slow, not broken --------------------------------------------------------
+
+# An order's receiver time in slow-receivers (an ERP answering slowly on a busy day), and its
+# consumers: the app's own BATCH_SIZE, so a full batch (4 s of receivers) runs twice past
+# BATCH_TIME_LIMIT.
+SLOW_DELIVERY = 0.02
+SLOW_CONSUMERS = 2
+SLOW_BATCH_SIZE = 200
+SLOW_TIME_LIMIT = 2.0
+PAID_RACING = "paid at the deadline"
+PAID_IN_BACKLOG = "paid while the backlog drains"
+# The guard's line, once per batch given up for time (timers/leases.py), and the consumer's when it
+# claims fewer from then on (timers/sizing.py; none before it learned to).
+GIVEN_UP_FOR_TIME = "still running after BATCH_TIME_LIMIT"
+_CLAIMING_AT_MOST = re.compile(r"was given up for time with \d+ done: claiming at most (\d+)")
+
+
+@scenario("slow-receivers", "a burst due at once whose receivers take 20 ms an order (healthy, just slow), on 2 "
+                            "consumers with BATCH_SIZE 200 and BATCH_TIME_LIMIT 2 s; payments racing the closes")
+def slow_receivers(lab: Lab) -> Story:
+    """Nothing fails: the receivers are only slow, so a full batch runs past BATCH_TIME_LIMIT.
+
+    Each consumer's first claim takes a full batch (the burst is due in one millisecond), which
+    overruns and is given up: its session ended, its members handed to the next claim. From then
+    on the consumer claims half of what that batch got done, batches that fit (timers/sizing.py),
+    so it gives up no other. Before the claims shrank, each consumer gave up batch after batch,
+    each taken over whole again.
+    A tenth of the orders is paid as the burst falls due (against the first batches, their rows
+    locked until the give-up ends that session) and a tenth while the backlog drains.
+    """
+    sizes = lab.sizes
+    pace = bounds.receiver_pace(sizes.burst, SLOW_DELIVERY, SLOW_CONSUMERS)
+    receivers = sizes.burst * SLOW_DELIVERY / SLOW_CONSUMERS
+    # No beat: the scan's COMPENSATION_GRACE here (5 s; 150 s by default) is shorter than the backlog,
+    # so the scan would close what the consumers have pending, with the same slow receivers.
+    with lab.consumers(SLOW_CONSUMERS, CHAOS_DELIVERY_DELAY=SLOW_DELIVERY,
+                       ORDER_TIMEOUT_BATCH_SIZE=SLOW_BATCH_SIZE, ORDER_TIMEOUT_BATCH_TIME_LIMIT=SLOW_TIME_LIMIT):
+        created = lab.create_orders(sizes.burst, lead=sizes.lead + 1, spread=0.001, cohort=NEVER_PAID)
+        paid = random.sample(created.ids, len(created.ids) // 5)
+        racing, backlog = paid[0::2], paid[1::2]
+        orders.assign(racing, PAID_RACING)
+        orders.assign(backlog, PAID_IN_BACKLOG)
+        first, second = created.first_deadline, timedelta(seconds=1)
+        plan = {pk: first + second * random.uniform(-0.1, 0.05) for pk in racing}
+        plan |= {pk: first + second * random.uniform(0.1, receivers) for pk in backlog}
+        orders.pay_at(plan, threads=8)
+        story = lab.settle(Story([Cohort(NEVER_PAID, Expect.CLOSED, pace),
+                                  Cohort(PAID_RACING, Expect.PAID_OR_CLOSED, pace),
+                                  Cohort(PAID_IN_BACKLOG, Expect.PAID_OR_CLOSED, pace)]))
+    logs = {log.stem: log.read_text(errors="replace") for log in sorted(lab.logs.glob("consumer-*.log"))}
+    given_up = {name: text.count(GIVEN_UP_FOR_TIME) for name, text in logs.items()}
+    claims = {name: _CLAIMING_AT_MOST.findall(text) for name, text in logs.items()}
+    last_close = Delivery.objects.aggregate(last=Max("delivered_at"))["last"]
+    answers = dict(Payment.objects.values_list("outcome").annotate(count=Count("order_id")))
+    per_consumer = ", ".join(f"{name}: {count}" for name, count in given_up.items())
+    # Not a timing check: the receivers' sleep is most of a batch's time, so a second give-up would
+    # need a batch of what fits to take twice as long as the first batch's orders did.
+    story.checks += [
+        Check("the first full batches ran past BATCH_TIME_LIMIT and were given up", sum(given_up.values()) > 0,
+              "no batch was given up: the scenario did not overrun"),
+        Check("each consumer gave up at most one batch for time (then claimed what fits)",
+              bool(given_up) and max(given_up.values()) <= 1, f"batches given up per consumer: {per_consumer}"),
+    ]
+    story.facts.update({
+        "batches given up for time, per consumer": per_consumer,
+        "claims from then on, per consumer": ", ".join(
+            f"{name}: {' then '.join(found) or '–'}" for name, found in claims.items()),
+        f"receivers' time, orders x {1000 * SLOW_DELIVERY:g} ms / consumers (s)": round(receivers, 1),
+        "drained: the last close after the first deadline (s)":
+            round((last_close - first).total_seconds(), 2) if last_close else "–",
+        "payments that won": answers.get(Payment.Outcome.PAID, 0),
+        "payments refused (refund)": answers.get(Payment.Outcome.REFUND, 0)})
     return story
 
 

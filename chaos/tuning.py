@@ -117,6 +117,9 @@ class Sizes:
     misbehaving: dict[str, int] = field(default_factory=dict)
     # Seconds the webhook target refuses every notice (503) in the notices scenario.
     refusal: float = 30.0
+    # Orders due in one millisecond in the slow-receivers scenario: a backlog that its two
+    # consumers work through at their receivers' pace (20 ms an order: 6 s with --quick).
+    burst: int = 600
 
     def count(self, share: float, at_least: int = 1) -> int:
         """A share of ``orders``, never fewer than ``at_least``."""
@@ -124,8 +127,8 @@ class Sizes:
 
 
 QUICK = Sizes(orders=300, spread=3.0, lead=1.0,
-              misbehaving={"raise": 4, "flaky": 6, "exit": 1, "pause": 2}, refusal=5.0)
+              misbehaving={"raise": 4, "flaky": 6, "exit": 1, "pause": 2}, refusal=5.0, burst=600)
 # 400 deadlines a second: headroom on the 2-core machine, so that a bound measures how a
 # fault heals rather than whether the machine keeps up (``--spread`` changes it).
 FULL = Sizes(orders=10_000, spread=25.0, lead=3.0,
-             misbehaving={"raise": 40, "flaky": 60, "exit": 3, "pause": 5})
+             misbehaving={"raise": 40, "flaky": 60, "exit": 3, "pause": 5}, burst=6_000)
