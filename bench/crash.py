@@ -44,7 +44,7 @@ from typing import Any
 from django.utils import timezone
 
 from .measure import summary
-from .recorder import read_commits
+from .recorder import first_commits, read_commits
 from .systems import System
 from .workloads import Sizes, make_orders
 
@@ -116,9 +116,7 @@ def crash(system: System, sizes: Sizes, victim: int = 0, freeze: bool = False,
     if system.delivers_notices:
         from .notices import tally as notices_tally
 
-        first: dict[int, float] = {}
-        for pk, at in commits:
-            first[pk] = min(at, first.get(pk, at))
+        first, _twice = first_commits(commits)
         counted["notices"] = notices_tally(closed_pks, first, system.sink.received(), low, high, pending=pending)
     return {**counted, "victim": victim,
             "waited_after_kill_s": round(waited, 2), "cap_s": sizes.crash_cap_seconds,
@@ -144,12 +142,7 @@ def _wait(system: System, unpaid: Any, cap: float) -> int:
 def tally(orders: int, deadline: float, commits: list[tuple[int, float]], never: int, killed_at: float,
           closed_at_kill: int) -> dict[str, Any]:
     """The counts of one crash burst, all due at ``deadline``, from its commit records and the rows."""
-    first: dict[int, float] = {}
-    twice = set()
-    for pk, at in commits:
-        if pk in first:
-            twice.add(pk)
-        first[pk] = min(at, first.get(pk, at))
+    first, twice = first_commits(commits)
     closed = orders - never
     killed_after = killed_at - deadline
     pace = closed_at_kill / killed_after if closed_at_kill and killed_after > 0 else None

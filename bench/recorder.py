@@ -145,3 +145,14 @@ def read_commits(directory: Path) -> list[tuple[int, float]]:
             pk, at = line.split()
             commits.append((int(pk), float(at)))
     return commits
+
+
+def first_commits(commits: Iterable[tuple[int, float]]) -> tuple[dict[int, float], set[int]]:
+    """Each order's first commit record, and the orders recorded more than once (closed twice)."""
+    first: dict[int, float] = {}
+    twice = set()
+    for pk, at in commits:
+        if pk in first:
+            twice.add(pk)
+        first[pk] = min(at, first.get(pk, at))
+    return first, twice

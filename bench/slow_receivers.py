@@ -35,7 +35,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from .recorder import read_commits
+from .recorder import first_commits, read_commits
 from .systems import Ours
 from .workloads import make_orders
 
@@ -113,12 +113,7 @@ def tally(orders: int, deadline: float, commits: list[tuple[int, float]], never:
           delay: float) -> dict[str, Any]:
     """The counts of one run, all due at ``deadline``, from its commit records, the rows still
     unpaid (``never``) and each consumer's stderr (``logs``, one per consumer)."""
-    first: dict[int, float] = {}
-    twice = set()
-    for pk, at in commits:
-        if pk in first:
-            twice.add(pk)
-        first[pk] = min(at, first.get(pk, at))
+    first, twice = first_commits(commits)
     latest = max(first.values()) - deadline if first else None
     drain = latest if not never and latest is not None else None
     receivers = orders * delay / len(logs)

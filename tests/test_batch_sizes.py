@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from order_timeout.timers.sizing import BatchSizes
 
 LIMIT = 2.0
@@ -20,30 +22,20 @@ def sizes(most: int = 200, kinds: tuple[str, ...] = ("close",)) -> BatchSizes:
     return BatchSizes(most=[most] * len(kinds), kinds=list(kinds), time_limit=LIMIT)
 
 
-def test_a_batch_given_up_for_time_makes_its_kind_claim_half_of_what_it_got_done():
+@pytest.mark.parametrize("done, claims_then", [
+    (96, 48),
+    # Half, not all of what it got done: the next batch ends within about half the limit.
+    (190, 95),
+    # A receiver hung on its first order, or one slow batch receiver: nothing to measure by.
+    (0, 100),
+], ids=["half-done", "nearly-all-done", "nothing-done"])
+def test_a_batch_given_up_for_time_makes_its_kind_claim_half_of_what_it_got_done_or_half_as_many(
+        done, claims_then):
     claims = sizes()
 
-    claims.finished(0, claimed=200, seconds=2.0, given_up=True, done=96)
+    claims.finished(0, claimed=200, seconds=2.0, given_up=True, done=done)
 
-    assert claims.limit(0) == 48
-
-
-def test_a_batch_given_up_with_nothing_done_halves_the_claims():
-    """A receiver hung on its first order, or one slow batch receiver: nothing to measure by."""
-    claims = sizes()
-
-    claims.finished(0, claimed=200, seconds=2.0, given_up=True, done=0)
-
-    assert claims.limit(0) == 100
-
-
-def test_a_batch_given_up_with_nearly_all_of_it_done_claims_half_of_that():
-    """Half, not all of what it got done: the next batch ends within about half the limit."""
-    claims = sizes()
-
-    claims.finished(0, claimed=200, seconds=2.0, given_up=True, done=190)
-
-    assert claims.limit(0) == 95
+    assert claims.limit(0) == claims_then
 
 
 def test_the_claims_never_shrink_below_one():
