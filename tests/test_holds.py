@@ -20,12 +20,14 @@ from order_timeout.conf import settings as order_settings
 from order_timeout.models import Order
 from order_timeout.reporting.health import measure
 from order_timeout.scans.compensation import compensate
+from order_timeout.signals import order_expired, orders_expired
 from order_timeout.timers.members import now_score
 from testproject.shop.models import OrderPayment, Payment, PaymentState, ShopOrder
 
 from .conftest import both_models
 from .helpers import count_in, expiries, leased_members, pending_count, score_of, state
 from .holding import row_locked_elsewhere
+from .test_consumer import no_receivers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -230,3 +232,27 @@ def test_a_paid_held_order_is_counted_nowhere(holds, make_order, consumer, queue
 
     assert (health.held, health.pending, health.overdue_unpaid_in_database) == (0, 0, 0)
     assert count_in(Order, "paid") == 1
+
+
+@both_models
+def test_a_batch_closed_as_keys_sets_its_held_orders_apart_and_closes_the_rest(
+        holds, settings, order_model, consumer, queue, clock):
+    """No receiver takes instances, so the batch is judged as a whole (keys, statuses and
+    deadlines): the held orders are set apart, one held past MAX_HOLD is closed with its own
+    reason, the others close as ever."""
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "MAX_HOLD": 3600}
+    now = timezone.now()
+    plain = [order_model.objects.create(expires_at=now - timedelta(seconds=5)) for _ in range(6)]
+    recent = order_model.objects.create(expires_at=now - timedelta(minutes=30))
+    late = order_model.objects.create(expires_at=now - timedelta(hours=2))
+    for order in (recent, late):
+        start_payment(order)
+
+    with no_receivers(order_expired, orders_expired):
+        stats = consumer().run(once=True)
+
+    assert (stats.closed, stats.held) == (7, 1)
+    assert state(recent) == "unpaid" and score_of(queue, str(recent.pk)) == now_score(clock()) + RECHECK * 1000
+    reasons = dict(order_model._base_manager.filter(pk__in=[o.pk for o in [*plain, late]])
+                   .values_list("pk", "close_reason"))
+    assert reasons == {**{order.pk: "timeout" for order in plain}, late.pk: "hold_expired"}

@@ -252,15 +252,21 @@ class Kind:
         """Sort the keys under the lock: the due ones (returned, with their rows) and the rest."""
         now = outcome.db_now = locked.db_now
         rows, deadlines = locked.rows, locked.deadlines
+        longest = self.longest_hold()
         if (now is not None and not locked.instances
                 and len(rows) == len(keys) == len(locked.pending) == len(deadlines)
-                and not (locked.busy or locked.held or locked.settled) and None not in deadlines.values()
+                and not (locked.busy or locked.settled) and None not in deadlines.values()
                 and max(deadlines.values()) <= now):
-            # The burst's batch: every row found, pending, with a deadline and due, none held. Told
-            # by a few operations over the whole batch, not a look at each row.
-            outcome.moments = dict(deadlines)
-            return [(key, rows[key]) for key in keys]
-        longest = self.longest_hold()
+            # The burst's batch: every row found, pending, with a deadline and due. Told by a few
+            # operations over the whole batch, not a look at each row; the held ones (a payment in
+            # flight, within its longest hold) set apart as a set.
+            if not locked.held:
+                outcome.moments = dict(deadlines)
+                return [(key, rows[key]) for key in keys]
+            held = {key for key in locked.held if longest is None or now < deadlines[key] + longest}
+            outcome.held.update((key, deadlines[key]) for key in keys if key in held)
+            outcome.moments = {key: deadline for key, deadline in deadlines.items() if key not in held}
+            return [(key, rows[key]) for key in keys if key not in held]
         pending = None if locked.instances else locked.pending
         due: list[Due] = []
         for key in keys:
