@@ -265,15 +265,14 @@ def floor(count: int) -> dict[str, float]:
     from order_timeout.models import Order
     from order_timeout.timers.members import deadline_score
 
-    from .floor import BATCH, CLAIM, FLOOR_KEY
+    from .floor import BATCH, CLAIM, FLOOR_KEY, Closer
 
     orders = _due_orders(Order, count)
     client = get_redis_connection("order_timeout")
     for start in range(0, len(orders), 5000):
         client.zadd(FLOOR_KEY, {str(o.pk): deadline_score(o.expires_at) for o in orders[start:start + 5000]})
     claim = client.register_script(CLAIM)
-    now_sql = "UTC_TIMESTAMP(6)" if connection.vendor == "mysql" else "STATEMENT_TIMESTAMP()"
-    table = Order._meta.db_table
+    closer = Closer.of(Order, connection)
     seconds: dict[str, float] = defaultdict(float)
     connection.ensure_connection()
     raw = connection.connection
@@ -288,9 +287,7 @@ def floor(count: int) -> dict[str, float]:
             if not due:
                 break
             pks = [int(member) for member in due]
-            cursor.execute(f"UPDATE {table} SET status = 'closed', closed_at = {now_sql}, close_reason = 'timeout' "
-                           f"WHERE id IN ({', '.join(['%s'] * len(pks))}) AND status = 'unpaid' "
-                           f"AND expires_at <= {now_sql}", pks)
+            cursor.execute(*closer.update(pks))
             updated = time.perf_counter()
             seconds[FLOOR_PARTS[1]] += updated - claimed
             raw.commit()

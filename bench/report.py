@@ -146,11 +146,13 @@ def markdown(data: dict[str, Any]) -> str:
                              f"| {_median(speed):.2f}x | {', '.join(f'{r:.2f}' for r in cpu)} "
                              f"| {_median(cpu):.2f}x |" if cpu else f"| {systems[row]['label']} | "
                              f"{', '.join(f'{r:.2f}' for r in speed)} | {_median(speed):.2f}x | - | - |")
-    if "ours" in systems:
+    # The shop row's target is to its own floor: it is reported without the plain row too.
+    measured_targets = targets(data) if "ours" in systems or "floor_shop" in systems else []
+    if measured_targets:
         lines += ["", "Targets, each a ratio between rows of this run (issues 13 and 15):", "",
                   "| target | measured | met |", "|---|---|---|"]
         lines += [f"| {target} | {measured} | {'yes' if met else '**no**'} |"
-                  for target, measured, met in targets(data)]
+                  for target, measured, met in measured_targets]
     lines += _parts_lines(data)
     lines += _crash_lines(data)
     lines += _slow_receivers_lines(data)
@@ -365,8 +367,9 @@ def targets(data: dict[str, Any]) -> list[tuple[str, str, bool]]:
 
     if burst_rate("floor"):
         floor_rate = burst_rate("floor")
-        rows.append((">= 0.6x the floor's burst closes/s", f"{rate / floor_rate:.2f}x",
-                     rate >= 0.6 * floor_rate))
+        if "ours" in systems:
+            rows.append((">= 0.6x the floor's burst closes/s", f"{rate / floor_rate:.2f}x",
+                         rate >= 0.6 * floor_rate))
         if burst_rate("ours_per_order"):
             rows.append(("an order_expired receiver per order: >= 0.35x the floor's burst closes/s",
                          f"{burst_rate('ours_per_order') / floor_rate:.2f}x",
@@ -379,7 +382,7 @@ def targets(data: dict[str, Any]) -> list[tuple[str, str, bool]]:
         window = data.get("batch_window_ms", 3.0)
         rows.append((f"steady p99 <= the floor's + BATCH_WINDOW ({window:g} ms) + 10 ms",
                      f"{p99:.1f} ms vs {floor_p99:.1f} + {window:g} + 10", p99 <= floor_p99 + window + 10))
-    if burst_rate("seed_zset"):
+    if burst_rate("seed_zset") and "ours" in systems:
         rows.append((">= 20x the seeds' ZSET design in the burst", f"{rate / burst_rate('seed_zset'):.1f}x",
                      rate >= 20 * burst_rate("seed_zset")))
     compared = data.get("compare")
@@ -422,6 +425,12 @@ def targets(data: dict[str, Any]) -> list[tuple[str, str, bool]]:
     if burst_rate("ours_shop_batch") and rate:
         rows.append(("shop model with batch receivers: >= 0.6x the plain row's burst closes/s",
                      f"{burst_rate('ours_shop_batch') / rate:.2f}x", burst_rate("ours_shop_batch") >= 0.6 * rate))
+    if burst_rate("ours_shop_batch") and burst_rate("floor_shop"):
+        # Its own floor does the shop receiver's INSERT too: what is left is the app's share.
+        shop_floor = burst_rate("floor_shop")
+        rows.append(("shop model with batch receivers: >= 0.85x the shop floor's burst closes/s (its UPDATE and "
+                     "the shop's INSERT)", f"{burst_rate('ours_shop_batch') / shop_floor:.2f}x",
+                     burst_rate("ours_shop_batch") >= 0.85 * shop_floor))
     if burst_rate("ours_notices") and rate:
         rows.append(("close + one notice per order: >= 0.7x the plain row's burst closes/s",
                      f"{burst_rate('ours_notices') / rate:.2f}x", burst_rate("ours_notices") >= 0.7 * rate))

@@ -3,7 +3,8 @@
 Every system closes the same ``order_timeout.Order`` rows and sends the same
 ``order_expired`` signal; they differ in how a deadline is stored and found.
 One more row runs this project on the test shop's own ``ShopOrder``, whose
-receiver writes a status-change row per close: what the shop-style path costs.
+receiver writes a status-change row per close: what the shop-style path costs;
+and a floor of its own (``floor_shop``) does the same statements with nothing else.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from order_timeout.models import Order
 from order_timeout.timers.members import deadline_score
 
 from .baselines import SEED_KEY
+from .floor import STATUS_CHANGES_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 CHUNK = 5000
@@ -479,6 +481,23 @@ class Floor(System):
                                     for o in orders[start:start + CHUNK] if o.expires_at is not None})
 
 
+class FloorShop(Floor):
+    """The floor on the shop's ``ShopOrder``, doing after its UPDATE what the shop's batch receiver
+    does for the same rows (one INSERT of their status-change rows, ``bench/floor.py``): the shop
+    batch row's own floor, so that row is held to the app's share of its close."""
+
+    name, label = "floor_shop", "floor on the shop model + the shop's batch receiver's INSERT"
+    closers = "2 processes, batch 500, raw driver, UPDATE + INSERT per batch"
+    model_label = OursShopBatch.model_label
+    extra_env = {STATUS_CHANGES_ENV: "1"}
+    # The shop batch row's own, to be read against it.
+    workloads = OursShopBatch.workloads
+    crash_in_quick = OursShopBatch.crash_in_quick
+    loses_redis = False
+    crash_note = ("As the floor: the batch the killed process held is never closed (its status-change rows "
+                  "commit with its UPDATE, so none are written either).")
+
+
 class Polling(System):
     name, label = "polling", "seeds: poll the table every 1 s"
     closers = "1 job (as the seeds run it), 1 tx per order"
@@ -599,8 +618,8 @@ def _in_an_hour() -> Any:
 def _systems() -> dict[str, type[System]]:
     from .peers import peer_systems
 
-    return {cls.name: cls for cls in (Floor, Ours, OursPerOrder, OursReminders, OursHeld, OursShop, OursShopBatch,
-                                      OursNotices, Polling, SeedZset, CeleryEta, *peer_systems())}
+    return {cls.name: cls for cls in (Floor, Ours, OursPerOrder, OursReminders, OursHeld, OursShop, FloorShop,
+                                      OursShopBatch, OursNotices, Polling, SeedZset, CeleryEta, *peer_systems())}
 
 
 SYSTEMS: dict[str, type[System]] = _systems()
