@@ -17,7 +17,7 @@ from order_timeout.db import datetimes
 from order_timeout.db.keys import KeysIn
 from order_timeout.models import Order
 from order_timeout.timers.registry import ORDER_TIMEOUT
-from testproject.shop.models import UuidOrder
+from testproject.shop.models import PlainOrder, PlainOrderDeadline, ShopOrder, UuidOrder
 
 pytestmark = pytest.mark.django_db
 
@@ -147,6 +147,87 @@ def test_rows_locked_as_tuples_hold_what_instances_would(model) -> None:
     assert as_tuples.values("expires_at")[rows[0].pk] == deadline
     assert as_tuples.db_now is not None and as_tuples.db_now.tzinfo is not None
     assert abs(as_tuples.db_now - timezone.now()) < timedelta(minutes=1)
+
+
+def _rows_of(model, keys):
+    """One row of each kind a shop's order model holds: a decimal, a key of its own, a foreign key."""
+    deadline = timezone.now().replace(microsecond=123456) - timedelta(minutes=2)
+    if model is ShopOrder:
+        rows = [ShopOrder.objects.create(number=f"N{index}", total="12.34", expires_at=deadline)
+                for index in range(keys)]
+    elif model is PlainOrderDeadline:
+        rows = [PlainOrderDeadline.objects.create(order=PlainOrder.objects.create(), expires_at=deadline)
+                for _ in range(keys)]
+    else:
+        rows = [model.objects.create(expires_at=deadline) for _ in range(keys)]
+    return [row.pk for row in rows]
+
+
+def _as_read(instance):
+    """What an instance holds, each value with its type and time zone (``repr``), but the lock's clock."""
+    values = {name: repr(value) for name, value in vars(instance).items() if name not in ("_state", "_timeout_db_now")}
+    return values, instance._state.adding, instance._state.db
+
+
+@pytest.mark.parametrize("model", [Order, UuidOrder, ShopOrder, PlainOrderDeadline],
+                         ids=["integer-key", "uuid-key", "shop-model", "foreign-key"])
+def test_instances_locked_for_receivers_are_the_ones_the_orm_builds(model) -> None:
+    """The instances a receiver gets are read through the cursor and built by the model's own
+    ``from_db``: every value of the same type and time zone as the ORM's own read gives it."""
+    from django.db import transaction
+
+    from order_timeout.db.locks import lock_orders
+
+    keys = _rows_of(model, 3)
+    with transaction.atomic():
+        locked = lock_orders(model._base_manager, keys)
+    by_the_orm = {row.pk: row for row in model._base_manager.filter(pk__in=keys)}
+    assert locked.instances and set(locked.rows) == set(keys)
+    for key, instance in locked.rows.items():
+        assert type(instance) is model
+        assert _as_read(instance) == _as_read(by_the_orm[key])
+    assert locked.db_now is not None and abs(locked.db_now - timezone.now()) < timedelta(minutes=1)
+
+
+def test_the_instances_locking_select_is_compiled_once_and_then_only_given_its_keys() -> None:
+    from django.db import transaction
+    from django.db.models.sql.compiler import SQLCompiler
+
+    from order_timeout.db.locks import lock_orders
+
+    keys = _rows_of(Order, 4)
+    with transaction.atomic():
+        lock_orders(Order._base_manager, keys[:2])
+    compiled = []
+    as_sql = SQLCompiler.as_sql
+
+    def counting(self, *args, **kwargs):
+        compiled.append(self.query.model)
+        return as_sql(self, *args, **kwargs)
+
+    SQLCompiler.as_sql = counting
+    try:
+        with transaction.atomic():
+            locked = lock_orders(Order._base_manager, keys[2:])
+    finally:
+        SQLCompiler.as_sql = as_sql
+    assert set(locked.rows) == set(keys[2:]) and locked.instances
+    assert compiled == []
+
+
+def test_a_manager_that_reads_related_rows_along_still_hands_them_to_the_receivers() -> None:
+    """A base manager with ``select_related`` (or deferred fields, or annotations of its own) gets
+    its instances as its queryset builds them: the related rows come along, no query each."""
+    from django.db import transaction
+
+    from order_timeout.db.locks import lock_orders
+
+    keys = _rows_of(PlainOrderDeadline, 2)
+    with transaction.atomic():
+        locked = lock_orders(PlainOrderDeadline._base_manager.select_related("order"), keys)
+        with CaptureQueriesContext(connection) as queries:
+            statuses = {row.order.status for row in locked.rows.values()}
+    assert statuses == {"pending"} and len(queries) == 0
 
 
 @pytest.mark.parametrize("spelling", ["0{pk}", "+{pk}", " {pk}", "{pk} ", "{pk}_0", "{pk}.0"])

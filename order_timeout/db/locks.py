@@ -77,7 +77,8 @@ def lock_orders(manager: Any, pks: Sequence[Any], *, hold: Q | None = None, pend
     order waits for its lock.
     """
     if columns is None:
-        found = LockedOrders(rows={order.pk: order for order in _locking(manager, pks)})
+        found = LockedOrders(rows={order.pk: order for order in _locking(manager, pks)}
+                             if _reads_rows_its_own_way(manager) else _instances(manager, pks))
         found.db_now = next((order._timeout_db_now for order in found.rows.values()
                              if order._timeout_db_now is not None), None)
     else:
@@ -114,6 +115,35 @@ def _locking(manager: Any, pks: Sequence[Any]) -> Any:
     return (manager.select_for_update(skip_locked=skip_locked).filter(KeysIn(pks)).order_by("pk")
             .annotate(_timeout_db_now=Case(When(pk=pks[0], then=DatabaseNow()), default=None,
                                            output_field=DateTimeField())))
+
+
+def _reads_rows_its_own_way(manager: Any) -> bool:
+    """Whether the manager's queryset builds its instances with more than their columns (related
+    rows along, deferred fields, annotations of its own): then the queryset builds them."""
+    queryset = manager.all()
+    query = queryset.query
+    return bool(query.select_related or queryset._prefetch_related_lookups or query.annotations
+                or query.extra or query.deferred_loading != (frozenset(), True))
+
+
+def _instances(manager: Any, pks: Sequence[Any]) -> dict[Any, Any]:
+    """The locked rows as the model's instances, by key, each built by the model's own ``from_db``
+    from every concrete column, as the queryset would build it (the same values, of the same
+    types and zones); the statement from its template, its rows read as ``_rows_as_tuples`` reads
+    them. The queryset compiled the statement each batch and converted each row value by value."""
+    model = manager.model
+    names = tuple(field.attname for field in model._meta.concrete_fields)
+    shape = ("instances", model._meta.label, type(manager), names, django_settings.USE_TZ)
+    statement = compiled(shape, manager.db,
+                         lambda keys: _locking(manager, keys).values_list(*names, "_timeout_db_now"), pks,
+                         names_first_key=True)
+    db = manager.db
+    rows = {}
+    for row in _rows_as_tuples(statement):
+        instance = model.from_db(db, names, row[:-1])
+        instance._timeout_db_now = row[-1]
+        rows[instance.pk] = instance
+    return rows
 
 
 def _rows_as_tuples(statement: Compiled) -> list[tuple[Any, ...]]:

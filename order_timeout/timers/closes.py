@@ -14,6 +14,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
+from django.db import connections
 from django.db.models import Model, Q
 
 from ..conf import settings
@@ -154,7 +155,7 @@ class OrderTimeout(OnOrderModel):
         for reason, group in by_reason.items():
             manager.filter(model.unpaid_q(), KeysIn([order.pk for order in group])).update(**values[reason])
         previous_statuses: dict[Key, Any] = {}
-        using = self.using
+        connection = connections[self.using]
         # Asked once a batch (a receiver connected while the consumer runs hears the next one):
         # with none for this model, no send per order, and no batch of copies to hand over.
         per_order = order_expired.has_listeners(model)
@@ -163,7 +164,7 @@ class OrderTimeout(OnOrderModel):
             previous = previous_statuses[order.pk] = order.timeout_status
             order._apply_close(values[order._timeout_close_reason])
             if per_order:
-                run_receiver(order.pk, using,
+                run_receiver(order.pk, connection,
                              partial(order_expired.send, sender=model, order=order, previous_status=previous))
             if progress is not None:
                 progress()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from django.db import transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.transaction import TransactionManagementError
 
 from ..exceptions import ImmediateShutdown
@@ -35,15 +35,16 @@ class BatchReceiverFailed(Exception):
         self.error = error
 
 
-def run_receiver(key: Key, using: str, send: Callable[[], Any]) -> None:
+def run_receiver(key: Key, connection: BaseDatabaseWrapper, send: Callable[[], Any]) -> None:
     """Run one key's receivers; whatever they raise fails that key alone (as ``ReceiverFailed``).
 
-    A receiver that marked the transaction for rollback fails its key too: the act would be
-    undone silently, yet acked.
+    A receiver that marked the transaction (on ``connection``, the act's) for rollback fails its
+    key too: the act would be undone silently, yet acked. The connection is the caller's, looked
+    up once a batch: a lookup per key cost about 1 us.
     """
     try:
         send()
-        if transaction.get_rollback(using=using):
+        if connection.get_rollback():
             raise TransactionManagementError("a receiver marked the transaction for rollback")
     except ImmediateShutdown:
         raise

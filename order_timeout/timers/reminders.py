@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
-from django.db import router, transaction
+from django.db import connections, router, transaction
 from django.db.models import Model
 
 from ..conf import settings
@@ -148,10 +148,11 @@ class Reminders(OnOrderModel):
         # ``judge`` marked the held orders (the lock's hold statement): passed over, recorded so.
         held = {key for key, order in due if order._timeout_held}
         _record(model, using, [(key, order.expires_at) for key, order in due], now, held=held)
+        connection = connections[using]
         for key, order in due:
             if key in held:
                 continue
-            run_receiver(key, using, partial(deadline_approaching.send, sender=model, order=order,
+            run_receiver(key, connection, partial(deadline_approaching.send, sender=model, order=order,
                                                   seconds_left=key[1] / 1000))
             if progress is not None:
                 progress()
