@@ -16,8 +16,9 @@ from typing import Any
 
 from .systems import ROOT, System
 
-# The rows run again on the ref's code: the plain one, the one with a reminder per order, and a held tenth.
-COMPARED = ("ours", "ours_reminders", "ours_held")
+# The rows run again on the ref's code: the plain one, the one with a reminder per order, a held
+# tenth, and the one with an order_expired receiver per order.
+COMPARED = ("ours", "ours_reminders", "ours_held", "ours_per_order")
 
 # What a compared row measures; the ratio is new / old for each.
 FIGURES = (

@@ -136,8 +136,10 @@ def markdown(data: dict[str, Any]) -> str:
                       "round by round, and their medians:", "",
                   "| row | closes/s ratio by round | median | CPU per close ratio by round | median |",
                   "|---|---|---|---|---|"]
-        for row in ("ours", "ours_reminders", "ours_held"):
-            if row not in systems:
+        from .compare import COMPARED
+
+        for row in COMPARED:
+            if row not in systems or f"{row}@{compared['ref']}" not in systems:
                 continue
             speed = round_ratios(data, row, f"{row}@{compared['ref']}")
             cpu = round_ratios(data, row, f"{row}@{compared['ref']}", figure=1)
