@@ -230,6 +230,29 @@ def test_a_manager_that_reads_related_rows_along_still_hands_them_to_the_receive
     assert statuses == {"pending"} and len(queries) == 0
 
 
+def test_a_queryset_that_builds_its_own_instances_still_builds_the_receivers_ones() -> None:
+    """A base manager whose queryset iterates its own way (django-polymorphic hands each row over
+    as its subclass) gets its instances from that queryset."""
+    from django.db import transaction
+    from django.db.models.query import ModelIterable
+
+    from order_timeout.db.locks import lock_orders
+
+    class Tagging(ModelIterable):
+        def __iter__(self):
+            for instance in super().__iter__():
+                instance.built_by_the_shop = True
+                yield instance
+
+    keys = _rows_of(Order, 2)
+    queryset = Order._base_manager.all()
+    queryset._iterable_class = Tagging
+    with transaction.atomic():
+        locked = lock_orders(queryset, keys)
+    assert set(locked.rows) == set(keys)
+    assert all(getattr(row, "built_by_the_shop", False) for row in locked.rows.values())
+
+
 @pytest.mark.parametrize("spelling", ["0{pk}", "+{pk}", " {pk}", "{pk} ", "{pk}_0", "{pk}.0"])
 def test_a_member_that_int_would_read_as_a_key_but_is_not_one_names_no_order(spelling) -> None:
     """A claim's integer members are read for the whole batch at once (issue 28), yet a member

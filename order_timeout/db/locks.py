@@ -20,6 +20,7 @@ from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router
 from django.db.models import Case, DateTimeField, Exists, OuterRef, Q, When
+from django.db.models.query import ModelIterable
 
 from ..conf import settings
 from .keys import KeysIn
@@ -119,11 +120,13 @@ def _locking(manager: Any, pks: Sequence[Any]) -> Any:
 
 def _reads_rows_its_own_way(manager: Any) -> bool:
     """Whether the manager's queryset builds its instances with more than their columns (related
-    rows along, deferred fields, annotations of its own): then the queryset builds them."""
+    rows along, deferred fields, annotations of its own) or in its own way (an iterable of its own,
+    as django-polymorphic's hands each row over as its subclass): then the queryset builds them."""
     queryset = manager.all()
     query = queryset.query
-    return bool(query.select_related or queryset._prefetch_related_lookups or query.annotations
-                or query.extra or query.deferred_loading != (frozenset(), True))
+    return bool(queryset._iterable_class is not ModelIterable or query.select_related
+                or queryset._prefetch_related_lookups or query.annotations or query.extra
+                or query.deferred_loading != (frozenset(), True))
 
 
 def _instances(manager: Any, pks: Sequence[Any]) -> dict[Any, Any]:
