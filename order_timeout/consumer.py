@@ -217,7 +217,9 @@ class Consumer:
                                 kinds=[kind.label for kind in self._kind_of_lane], time_limit=self.batch_time_limit)
         self._claimed_lane = 0
         self.rota = ShardRota(len(self.lanes.shards),
-                              yielding={lane for lane, kind in enumerate(self._kind_of_lane) if kind.yields})
+                              yielding={lane for lane, kind in enumerate(self._kind_of_lane) if kind.yields},
+                              gathering={lane: round(1000 * kind.gathers)
+                                         for lane, kind in enumerate(self._kind_of_lane) if kind.gathers})
         # This consumer's id: the first part of its claim tokens, and what its heartbeat names.
         self.consumer_id = uuid.uuid4().hex[:12]
         self._claims = (f"{self.consumer_id}:{n}" for n in itertools.count())
@@ -285,7 +287,7 @@ class Consumer:
         self._unacked = None
         self._took_over = claim.takeovers > 0
         self._claimed_lane = lane
-        self.rota.claimed(lane, claim, full=len(claim.members) >= limit, since=asked)
+        self.rota.claimed(lane, claim, full=len(claim.members) >= limit, since=asked, at=due_ms)
         return claim
 
     def kind_of(self, claim: Claim) -> tuple[Kind, TimeoutQueue]:

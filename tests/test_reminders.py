@@ -21,6 +21,7 @@ from order_timeout.reporting.health import measure
 from order_timeout.scans.compensation import compensate
 from order_timeout.signals import deadline_approaching
 from order_timeout.timers.members import deadline_score, reminder_member
+from order_timeout.timers.reminders import GATHER_SECONDS
 from testproject.shop.models import OrderPayment, Payment, ReminderEmail, ShopOrder
 
 from .conftest import both_models, running, wait_for
@@ -63,6 +64,22 @@ def test_each_reminder_is_sent_once_before_the_deadline(reminders, order_model, 
     assert Reminder.objects.filter(order_id=str(order.pk), outcome="sent").count() == 2
     assert state(order) == "unpaid"
     assert reminder_queue(queue).stats(deadline_score(timezone.now())).pending == 0
+
+
+def test_a_consumer_claims_due_reminders_again_only_once_they_have_gathered(reminders, queue):
+    """After a batch of reminders, the next reminders due wait up to ``GATHER_SECONDS`` for
+    others (a few larger batches, not a small one between every two batches of closes)."""
+    due_reminders_order(Order)
+    worker = Consumer()
+    claims = [worker.run_once() for _ in worker.lanes.shards]  # every lane asked once
+    assert sorted(len(claim.members) for claim in claims if claim.kind == REMIND)[-1:] == [2]
+
+    due_reminders_order(Order)
+    gathering = worker.run_once()
+    time.sleep(GATHER_SECONDS)
+    gathered = worker.run_once()
+
+    assert gathering.members == [] and (gathered.kind, len(gathered.members)) == (REMIND, 2)
 
 
 def test_a_reminder_is_sent_at_its_moment_not_before(settings, queue):

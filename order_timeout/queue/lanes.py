@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from .errors import redis_errors
 from .shards import LOOK_NOW, Claim, TimeoutQueue, _score
@@ -70,16 +70,24 @@ class ShardRota:
     ``YIELD_SECONDS``. A burst of closes goes first, and the work it starts
     follows within a second, never starved; a trickle (a steady stream, a
     takeover's one member) takes turns with them as any lanes do.
+
+    ``gathering`` lanes (a kind that ``gathers``: the reminders) let their due
+    members gather: after a claim that did not come back full, such a lane is
+    due again only its gathering time (ms) later, so a steady stream of them
+    comes in a few larger batches and the closes between them do not wait
+    behind a small batch every turn. A full claim (a backlog) and a wake-up
+    end the wait.
     """
 
     def __init__(self, shards: int, start: int | None = None, *, yielding: Collection[int] = (),
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, gathering: Mapping[int, int] | None = None) -> None:
         self.count = shards
         # Per shard: the earliest score it holds (ms), UNKNOWN, or None when it is empty.
         self._next: list[int | None] = [UNKNOWN] * shards
         self._cursor = random.randrange(shards) if start is None else start
         self._lock = threading.Lock()
         self._yielding = frozenset(yielding)
+        self._gathering = dict(gathering or {})
         self._clock = clock
         # Since when each yielding lane has been passed over while due (absent: it is not waiting).
         self._waiting_since: dict[int, float] = {}
@@ -139,13 +147,18 @@ class ShardRota:
             return any(score is not None and score <= due_ms and lane not in self._paused
                        for lane, score in enumerate(self._next))
 
-    def claimed(self, lane: int, claim: Claim, full: bool = False, *, since: Sequence[int] | None = None) -> None:
+    def claimed(self, lane: int, claim: Claim, full: bool = False, *, since: Sequence[int] | None = None,
+                at: int | None = None) -> None:
         """``claim`` came from ``lane``; ``full``: it took as many members as it could; ``since``:
-        ``wakes()`` as the claim was sent."""
+        ``wakes()`` as the claim was sent; ``at``: the score it claimed up to (a gathering lane
+        waits its gathering time from there)."""
         with self._lock:
             # After a claim that took members, more may be due at once.
             fresh = not claim.members and not self._woken_since(lane, since)
             self._next[lane] = claim.next_score if fresh else UNKNOWN
+            gather = self._gathering.get(lane)
+            if gather and claim.members and not full and at is not None and not self._woken_since(lane, since):
+                self._next[lane] = at + gather
             if full:
                 self._backlog.add(lane)
             else:

@@ -57,6 +57,10 @@ class Kind:
     # for ``lanes.YIELD_SECONDS`` at most, so a burst of closes is not slowed by the deliveries it
     # starts, and they still never starve; with a trickle they take turns as any kinds do.
     yields: ClassVar[bool] = False
+    # Seconds a consumer lets this kind's due members gather between two claims that do not come
+    # back full (``lanes.ShardRota``): for work that may come a little late (the reminders), so
+    # the closes do not wait behind a batch of a few of them every turn. 0: claimed when due.
+    gathers: float = 0.0
 
     def deadline_for(self, row: Any) -> datetime | None:
         """The deadline a save gives a row that starts waiting (``deadline = None``); None: none."""
