@@ -230,6 +230,8 @@ class Consumer:
         self._refreshed_at = time.monotonic()
         # The last claim took a member over: the next lets due members go first.
         self._took_over = False
+        # False in --once: no kind's due members wait to gather.
+        self._lets_gather = True
         # The last batch's done members, committed and not acked yet: they go with the next claim
         # of their shard, or at once before anything else (a sleep, a stop, another shard).
         self._unacked: _Unacked | None = None
@@ -287,7 +289,10 @@ class Consumer:
         self._unacked = None
         self._took_over = claim.takeovers > 0
         self._claimed_lane = lane
-        self.rota.claimed(lane, claim, full=len(claim.members) >= limit, since=asked, at=due_ms)
+        # A gathering kind waits before its next claim (ShardRota), but not in --once: what is due
+        # now is claimed now.
+        self.rota.claimed(lane, claim, full=len(claim.members) >= limit, since=asked,
+                          at=due_ms if self._lets_gather else None)
         return claim
 
     def kind_of(self, claim: Claim) -> tuple[Kind, TimeoutQueue]:
@@ -472,6 +477,7 @@ class Consumer:
         # --once means "what is due now": a fixed cutoff, so a steady stream
         # of new deadlines cannot keep it running.
         due_by = self.clock() if once else None
+        self._lets_gather = not once
         if not once and self._listener is None:
             # From the start, not at the first sleep: a consumer that starts into a backlog
             # hears of new work on a lane it found empty (a notice its closes wrote).
