@@ -350,6 +350,10 @@ def _machine_line(data: dict[str, Any]) -> str:
             f"server and process on the same machine. Run took {data.get('elapsed_s', 0):.0f} s.")
 
 
+# The full run's burst (workloads.FULL); a smaller one is held to less of the floor's rate.
+FULL_BURST = 100_000
+
+
 def targets(data: dict[str, Any]) -> list[tuple[str, str, bool]]:
     """The targets, as ratios between rows of the same run (absolute figures travel badly)."""
     systems = data["systems"]
@@ -370,15 +374,19 @@ def targets(data: dict[str, Any]) -> list[tuple[str, str, bool]]:
     if burst_rate("floor"):
         floor_rate = burst_rate("floor")
         if "ours" in systems:
-            rows.append((">= 0.6x the floor's burst closes/s", f"{rate / floor_rate:.2f}x",
-                         rate >= 0.6 * floor_rate))
+            # A burst's fixed costs weigh more in a small one: 0.8x in the full run's, 0.6x below it.
+            full = (data.get("sizes") or {}).get("burst", 0) >= FULL_BURST
+            least = 0.8 if full else 0.6
+            rows.append((f">= {least:g}x the floor's burst closes/s (" + (f"a burst of {FULL_BURST:,} or more)" if full
+                                                                          else f"a burst under {FULL_BURST:,})"),
+                         f"{rate / floor_rate:.2f}x", rate >= least * floor_rate))
         if burst_rate("ours_per_order"):
             rows.append(("an order_expired receiver per order: >= 0.35x the floor's burst closes/s",
                          f"{burst_rate('ours_per_order') / floor_rate:.2f}x",
                          burst_rate("ours_per_order") >= 0.35 * floor_rate))
     if burst_cpu("floor") and burst_cpu("ours"):
-        rows.append(("closers' CPU per burst close <= 8x the floor's",
-                     f"{burst_cpu('ours') / burst_cpu('floor'):.1f}x", burst_cpu("ours") <= 8 * burst_cpu("floor")))
+        rows.append(("closers' CPU per burst close <= 2x the floor's",
+                     f"{burst_cpu('ours') / burst_cpu('floor'):.1f}x", burst_cpu("ours") <= 2 * burst_cpu("floor")))
     floor_p99, p99 = steady_p99("floor"), steady_p99("ours")
     if floor_p99 is not None and p99 is not None:
         window = data.get("batch_window_ms", 3.0)

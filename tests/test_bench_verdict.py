@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 
+import pytest
+
 from bench.report import targets, verdict
 
 RUN = {"orders": 100, "closed": 100, "closed_twice": 0, "drained": True, "held": 0, "held_closed": 0,
@@ -72,3 +74,26 @@ def test_a_single_round_compares_the_two_rows_as_they_are():
 
     plain = [row for row in targets(data) if row[0].startswith("plain")]
     assert plain == [("plain: >= 0.97x the burst closes/s at abc1234", "0.90x", False)]
+
+
+def against_the_floor(burst: int, ours: float, cpu: float = 0.004) -> dict:
+    """A run of the plain row and the floor (burst closes/s; closers' CPU per close, the floor's 0.002 ms)."""
+    return {"sizes": {"burst": burst}, "errors": {},
+            "systems": {"floor": {"burst": {**RUN, "closes_per_s": 100.0, "cpu_ms_per_close": 0.002}},
+                        "ours": {"burst": {**RUN, "closes_per_s": ours, "cpu_ms_per_close": cpu}}}}
+
+
+@pytest.mark.parametrize(("burst", "ours", "row"), [
+    (100_000, 79, (">= 0.8x the floor's burst closes/s (a burst of 100,000 or more)", "0.79x", False)),
+    (100_000, 80, (">= 0.8x the floor's burst closes/s (a burst of 100,000 or more)", "0.80x", True)),
+    (30_000, 60, (">= 0.6x the floor's burst closes/s (a burst under 100,000)", "0.60x", True)),
+])
+def test_the_plain_burst_is_held_to_0_8x_the_floor_in_the_full_burst_and_0_6x_in_a_smaller_one(burst, ours, row):
+    assert [found for found in targets(against_the_floor(burst, ours)) if "the floor's burst" in found[0]] == [row]
+
+
+@pytest.mark.parametrize(("cpu", "measured", "met"), [(0.004, "2.0x", True), (0.0042, "2.1x", False)])
+def test_the_closers_cpu_per_close_is_held_to_2x_the_floors(cpu, measured, met):
+    rows = [found for found in targets(against_the_floor(100_000, 80, cpu)) if found[0].startswith("closers' CPU")]
+
+    assert rows == [("closers' CPU per burst close <= 2x the floor's", measured, met)]
