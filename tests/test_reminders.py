@@ -66,20 +66,24 @@ def test_each_reminder_is_sent_once_before_the_deadline(reminders, order_model, 
     assert reminder_queue(queue).stats(deadline_score(timezone.now())).pending == 0
 
 
-def test_a_consumer_claims_due_reminders_again_only_once_they_have_gathered(reminders, queue):
-    """After a batch of reminders, the next reminders due wait up to ``GATHER_SECONDS`` for
-    others (a few larger batches, not a small one between every two batches of closes)."""
+def test_a_consumer_claims_due_reminders_again_only_once_they_have_gathered(reminders, consumer, clock):
+    """After a batch of reminders, the next reminders due wait up to ``GATHER_SECONDS`` (by the
+    consumer's clock) for others: a few larger batches, not a small one between every two
+    batches of closes."""
     due_reminders_order(Order)
-    worker = Consumer()
-    claims = [worker.run_once() for _ in worker.lanes.shards]  # every lane asked once
-    assert sorted(len(claim.members) for claim in claims if claim.kind == REMIND)[-1:] == [2]
+    worker = consumer()
+    assert reminders_claimed([worker.run_once() for _ in worker.lanes.shards]) == 2  # each lane's turn
 
     due_reminders_order(Order)
-    gathering = worker.run_once()
-    time.sleep(GATHER_SECONDS)
-    gathered = worker.run_once()
+    gathering = [worker.run_once() for _ in worker.lanes.shards]
+    clock.advance(GATHER_SECONDS)
+    gathered = [worker.run_once() for _ in worker.lanes.shards]
 
-    assert gathering.members == [] and (gathered.kind, len(gathered.members)) == (REMIND, 2)
+    assert reminders_claimed(gathering) == 0 and reminders_claimed(gathered) == 2
+
+
+def reminders_claimed(claims) -> int:
+    return sum(len(claim.members) for claim in claims if claim.kind == REMIND)
 
 
 def test_a_reminder_is_sent_at_its_moment_not_before(settings, queue):
