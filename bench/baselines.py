@@ -11,11 +11,12 @@ on SIGTERM after the order in hand.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import threading
 import time
 from importlib import resources
+
+from bench.stopping import stop_on_sigterm
 
 SEED_KEY = "bench:seed:zset"
 POLL_LIMIT = 500
@@ -59,7 +60,7 @@ def main(kind: str) -> None:
     django.setup()
     step, batch = {"polling": (poll_database, POLL_LIMIT),
                    "seed_zset": (claim_seed_zset, SEED_LIMIT)}[kind]
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    stop_on_sigterm(stopping)
     print("ready", flush=True)
     while not stopping.is_set():
         if step() < batch:  # drained: wait for the next one-second tick

@@ -28,7 +28,6 @@ with BENCH_RECORD_EAGER=1, as the recorder does).
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -36,6 +35,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from bench.stopping import stop_on_sigterm
 
 FLOOR_KEY = "bench:floor:zset"
 BATCH = 500
@@ -170,7 +171,7 @@ def main() -> None:
     claim = client.register_script(CLAIM)
     closer = Closer.of(get_order_model(), connection, os.environ.get(STATUS_CHANGES_ENV) == "1")
     commits: list[tuple[int, float]] = []
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    stop_on_sigterm(stopping)
     connection.ensure_connection()
     raw = connection.connection
     raw.autocommit(False) if connection.vendor == "mysql" else setattr(raw, "autocommit", False)

@@ -11,10 +11,11 @@ Stops on SIGTERM after the order in hand.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import threading
 import time
+
+from bench.stopping import stop_on_sigterm
 
 stopping = threading.Event()
 
@@ -42,7 +43,7 @@ def main(limit: int, period: float) -> None:
     from django.db import DatabaseError
 
     django.setup()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    stop_on_sigterm(stopping)
     print("ready", flush=True)
     while not stopping.wait(period - time.time() % period):
         try:
