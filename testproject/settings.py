@@ -121,9 +121,16 @@ ORDER_TIMEOUT: dict[str, Any] = {
 }
 # Tests that run the consumer or a Celery worker in another process tune them here.
 for _key in ("LEASE_SECONDS", "BATCH_TIME_LIMIT", "HEARTBEAT_SECONDS", "MAX_WAIT", "BATCH_WINDOW",
-             "COMPENSATION_GRACE", "COMPENSATION_INTERVAL"):
+             "COMPENSATION_GRACE", "COMPENSATION_INTERVAL", "COMPENSATION_LOCK_SECONDS", "PRUNE_INTERVAL"):
     if f"ORDER_TIMEOUT_{_key}" in os.environ:
         ORDER_TIMEOUT[_key] = float(os.environ[f"ORDER_TIMEOUT_{_key}"])
+# A save's round trip to Redis waits SCHEDULE_TIMEOUT (0.1 s by default) for the answer: scripts/test
+# sets it longer, since on two cores running several suites at once a busy test process came back
+# later than that for no fault of Redis's, and left its row to a scan no test ran.
+if "ORDER_TIMEOUT_SCHEDULE_TIMEOUT" in os.environ:
+    ORDER_TIMEOUT["SCHEDULE_TIMEOUT"] = float(os.environ["ORDER_TIMEOUT_SCHEDULE_TIMEOUT"])
+if "ORDER_TIMEOUT_COMPENSATION_CHUNK" in os.environ:
+    ORDER_TIMEOUT["COMPENSATION_CHUNK"] = int(os.environ["ORDER_TIMEOUT_COMPENSATION_CHUNK"])
 if "ORDER_TIMEOUT_SHARDS" in os.environ:
     ORDER_TIMEOUT["SHARDS"] = int(os.environ["ORDER_TIMEOUT_SHARDS"])
 if "ORDER_TIMEOUT_REDIS_ALIAS" in os.environ:

@@ -33,6 +33,8 @@ from order_timeout.queue import TimeoutQueue
 from order_timeout.scheduling import connect_receivers, disconnect_receivers, order_kinds
 from order_timeout.signals import order_expired
 
+from . import parallel
+from .backends import content_types_and_permissions_kept, use_test_backends
 from .holding import HeldReceiver
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -98,8 +100,14 @@ _run_temp: Path | None = None
 
 def pytest_configure(config: pytest.Config) -> None:
     """Give the run a temp dir of its own, its child processes too (redis-server, consumers,
-    Chromium), so what the tests leave there is seen, whoever else uses the machine's."""
+    Chromium), so what the tests leave there is seen, whoever else uses the machine's; and, in a
+    parallel run, give this worker its own Redis database, key prefix and test database."""
     global _run_temp
+    if parallel.hands_out_tests(config):
+        # xdist's controller runs no test; its workers each make their own temp dir (one nested in
+        # the controller's would make a path too long for Chromium's socket in it).
+        return
+    parallel.isolate()
     if _run_temp is None:
         _run_temp = Path(tempfile.mkdtemp(prefix="order-timeout-tests-"))
         tempfile.tempdir = str(_run_temp)
@@ -156,6 +164,26 @@ def leaves_the_settings_as_it_found_them() -> Iterator[None]:
     assert after == before, "the test left its settings overridden"
 
 
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings() -> None:
+    """The worker's test database is its own (tests/parallel.py), as its Redis database is; a
+    test's flush is one that suits a teardown (tests/backends)."""
+    parallel.name_test_databases()
+    use_test_backends(django_settings.DATABASES)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def written_once(django_db_setup: None) -> Iterator[None]:
+    """The content types and permissions the test databases' migrate wrote stay as they are."""
+    with content_types_and_permissions_kept():
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def redis_has_this_workers_database() -> None:
+    parallel.check_redis_databases()
+
+
 @pytest.fixture(autouse=True)
 def redis_client() -> Iterator[Any]:
     """The queue's Redis, emptied before each test."""
@@ -173,12 +201,12 @@ CLUSTER_SHARDS = 16
 
 
 def flush_cluster() -> None:
-    """Empty every master, as the cluster is now (a test may have failed one over)."""
+    """Empty this worker's part of the cluster (its key prefix), on every master as it is now."""
     from redis.cluster import RedisCluster
 
     client = RedisCluster.from_url(django_settings.CACHES["cluster"]["LOCATION"])
     try:
-        client.flushall(target_nodes=RedisCluster.PRIMARIES)
+        parallel.delete_own_cluster_keys(client)
     finally:
         client.close()
 
@@ -294,10 +322,14 @@ class ConsumerProcess:
     Its output is read as it comes, into ``out`` and ``err`` (a pipe left
     full would stall a chatty consumer mid-test). ``command`` runs something else
     the same way, ``args`` after it (another release's consumer, a shop's process), from ``cwd``.
+    A consumer leaves the fleet's housekeeping (the scan, the prune) to others unless
+    ``housekeeping``: the tests of housekeeping start theirs with it, the rest need no scan beside them.
     """
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, command: list[str] | None = None,
-                 cwd: Path = PROJECT_ROOT) -> None:
+                 cwd: Path = PROJECT_ROOT, housekeeping: bool = False) -> None:
+        if command is None and not housekeeping:
+            args = (*args, "--no-housekeeping")
         # Unbuffered: a test waits on its lines (its banner) as they are written.
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "DATABASE_URL": database_url(),
                     "ORDER_TIMEOUT_ORDER_MODEL": order_settings.ORDER_MODEL,
@@ -477,3 +509,7 @@ def held_receiver(receiver: Callable[[Callable[..., None]], Callable[..., None]]
     receiver(held)
     yield held
     held.release.set()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    parallel.slow_spread(config, items)

@@ -16,6 +16,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from order_timeout.models import TimeoutOrderMixin
 from testproject.shop.models import Expiry
 
+from .parallel import cut_off_own_subscribers, delete_own_cluster_keys
+
 
 def state(order: TimeoutOrderMixin) -> str:
     """'unpaid', 'paid', 'closed' or the raw status, read from the database row."""
@@ -124,7 +126,7 @@ def lose_redis_data(queue: Any) -> None:
     from redis.cluster import RedisCluster
 
     if isinstance(queue.client, RedisCluster):
-        queue.client.flushall(target_nodes=RedisCluster.PRIMARIES)
+        delete_own_cluster_keys(queue.client)  # the part of the shared cluster that is this worker's
     else:
         queue.client.flushdb()
 
@@ -133,11 +135,12 @@ def cut_off_subscribers(queue: Any) -> None:
     """Every Redis node of the queue drops its pub/sub connections (a restart, a proxy's idle timeout)."""
     from redis.cluster import RedisCluster
 
+    # This process's subscribers only: other workers' consumers share the servers.
     if isinstance(queue.client, RedisCluster):
         for node in queue.client.get_nodes():
-            node.redis_connection.client_kill_filter(_type="pubsub")
+            cut_off_own_subscribers(node.redis_connection)
     else:
-        queue.client.client_kill_filter(_type="pubsub")
+        cut_off_own_subscribers(queue.client)
 
 
 # -- the few statements that differ between MariaDB and PostgreSQL ---------------------------

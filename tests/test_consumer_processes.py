@@ -16,6 +16,7 @@ from order_timeout.conf import settings as order_settings
 from order_timeout.consumer import Consumer
 from order_timeout.models import DeadLetter, Order
 from order_timeout.timers.members import now_score
+from order_timeout.timers.watchdog import EXIT_STUCK
 from testproject.shop.models import Expiry
 
 from .conftest import Clock, both_models, both_redis, wait_for
@@ -52,53 +53,78 @@ def started(process) -> bool:
 
 @both_redis
 @both_models
-@pytest.mark.parametrize("lease_seconds", ["30", "0.05"], ids=["lease-30s", "lease-50ms"])
+@pytest.mark.parametrize("lease_seconds, receiver_seconds", [("30", "0"), ("0.5", "0.02")],
+                         ids=["lease-30s", "batches-overrun-their-lease"])
 def test_pitfall_3_racing_consumers_close_every_order_exactly_once(consumer_process, queue, lease_seconds,
-                                                                  order_model):
-    """Seed pitfall 3: several consumers. With a 50 ms lease, batches overrun their
-    lease, are given up and handed out again while still being closed, so the
-    row lock must settle the race (on fewer orders: given-up members are taken
-    over one per claim, which is slow by design)."""
-    count = 2000 if lease_seconds == "30" else 600
-    env = {"ORDER_TIMEOUT_LEASE_SECONDS": lease_seconds}
+                                                                  receiver_seconds, order_model):
+    """Seed pitfall 3: several consumers. With receivers of 20 ms an order, a batch of 50
+    overruns its 0.5 s lease, is given up and handed out again while still being closed, so
+    the row lock must settle the race (on fewer orders: given-up members are taken over one per
+    claim, which is slow by design). A 50 ms lease did that only on a fast machine: on a busy
+    one each member's single close overran it too, and was taken over until its dead letter."""
+    # Twelve batches of 50 for three racers; four when every batch overruns its lease.
+    count = 600 if lease_seconds == "30" else 200
+    env = {"ORDER_TIMEOUT_LEASE_SECONDS": lease_seconds, "SHOP_DELAY_SECONDS": receiver_seconds}
     racers = [consumer_process("--batch-size", "50", env=env) for _ in range(3)]
     # All at the start line, however long each process takes to start; then the orders fall due.
     for racer in racers:
         racer.wait_until(lambda racer=racer: started(racer))
     due_orders(count, order_model)
+    # A racer whose given-up batch was still in hand a second later (a receiver thread that a busy
+    # machine kept from the CPU) exits EXIT_STUCK, as designed; its supervisor starts it again.
+    stuck: list[tuple[int, str, str]] = []
+
+    def supervised() -> None:
+        for index, racer in enumerate(racers):
+            if racer.proc.poll() == EXIT_STUCK:
+                stuck.append(racer.wait())
+                racers[index] = consumer_process("--batch-size", "50", env=env)
 
     # Every order closed or dead-lettered, and nothing left in Redis (rows another racer held
     # come back a second later; given-up leases go to the next claim). At least: one closed
     # and dead-lettered too is for the assertions below to report, not for the wait to hide.
-    wait_for(lambda: count_in(order_model, "closed") + DeadLetter.objects.count() >= count
-             and pending_count(queue) == 0 and leased_members(queue) == [])
-    for racer in racers:
+    # The orders' own dead letters: the notices their closes wrote overrun the lease too.
+    buried = DeadLetter.objects.filter(order_model=order_model._meta.label)
+    wait_for(lambda: supervised() or (count_in(order_model, "closed") + buried.count() >= count
+                                      and pending_count(queue) == 0 and leased_members(queue) == []))
+    for racer in racers:  # one started again at the end has its signal handlers before its SIGTERM
+        racer.wait_until(lambda racer=racer: started(racer))
         racer.signal(signal.SIGTERM)
-    results = [racer.wait() for racer in racers]
+    ended = [racer.wait() for racer in racers]
+    # One may have found itself stuck after the last wait, before its SIGTERM: the same verdict.
+    stuck += [result for result in ended if result[0] == EXIT_STUCK]
+    results = [result for result in ended if result[0] != EXIT_STUCK]
 
-    assert [code for code, _, _ in results] == [0, 0, 0], [err for _, _, err in results]
+    assert [code for code, _, _ in results] == [0] * len(results), [err for _, _, err in results]
+    assert all("giving it up" in err for _, _, err in stuck), [err for _, _, err in stuck]
     assert not Expiry.objects.values("order_id").annotate(n=Count("id")).filter(n__gt=1).exists()
     per_process = [closed_count(out) for _, out, _ in results]
     # Each dead letter is one a racer reports it wrote, for an order taken over once more than
-    # MAX_TAKEOVERS: when every try overran the 50 ms (a busy machine).
-    letters = {letter.order_id: letter for letter in DeadLetter.objects.all()}
+    # MAX_TAKEOVERS: when every try overran the lease.
+    letters = {letter.order_id: letter for letter in buried}
     reported: dict[str, int] = {}
-    for _, _, err in results:
+    for _, _, err in results + stuck:
         reported.update(buried_in(err))
-    assert sorted(letters) == sorted(reported)
-    assert sum(dead_lettered_count(out) for _, out, _ in results) == len(letters)
+    if stuck:
+        # A racer that left stuck may have committed a dead letter in the thread it left behind
+        # and gone before that thread logged it: no letter it did not write, at least.
+        assert set(reported) <= set(letters)
+    else:
+        assert sorted(letters) == sorted(reported)
+        assert sum(dead_lettered_count(out) for _, out, _ in results) == len(letters)
     assert {(letter.error_type, letter.attempts) for letter in letters.values()} <= {
         ("order_timeout.exceptions.RepeatedTakeover", order_settings.MAX_TAKEOVERS + 1)}
     assert set(reported.values()) <= {order_settings.MAX_TAKEOVERS + 1}
     assert Expiry.objects.count() == count_in(order_model, "closed") == count - len(letters)
     if lease_seconds == "30":
-        assert letters == {}
+        assert letters == {} and stuck == []  # a 30 s lease's stuck verdict comes after 10 s
         assert sum(per_process) == count
     else:
-        # A batch given up as its commit went through closed its orders without knowing it:
-        # the processes may report fewer.
+        assert any("giving it up" in err for _, _, err in results + stuck)  # the overrun this case is about
+        # A batch given up as its commit went through closed its orders without knowing it
+        # (and a racer started again reports only its own): the processes may report fewer.
         assert sum(per_process) <= count
-    assert sum(1 for n in per_process if n) >= 2, per_process  # they really raced
+    assert sum(1 for n in per_process if n) + len(stuck) >= 2, per_process  # they really raced
 
 
 def from_score(ms: int) -> datetime:

@@ -246,9 +246,10 @@ def test_the_beat_scan_puts_back_a_missed_reminder_whose_deadline_is_ahead(setti
     assert emails(order) == [(str(order.pk), 60.0)]
 
 
-def test_a_receiver_that_raises_retries_like_a_close_and_never_blocks_the_close(settings, queue, receiver):
+def test_a_receiver_that_raises_retries_like_a_close_and_never_blocks_the_close(settings, queue, receiver,
+                                                                              consumer, clock):
     settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "REMINDERS": [60], "RETRY_DELAYS": [0.2]}
-    order = Order.objects.create(expires_at=timezone.now() + timedelta(seconds=1))
+    order = Order.objects.create(expires_at=clock() + timedelta(seconds=1))
     calls = []
 
     def mail_service_down(sender, order, **kwargs):
@@ -256,12 +257,12 @@ def test_a_receiver_that_raises_retries_like_a_close_and_never_blocks_the_close(
         raise ConnectionError("the mail service is down")
 
     deadline_approaching.connect(mail_service_down, weak=False)
-    try:
-        first = Consumer().run(once=True)
-        time.sleep(0.25)
-        second = Consumer().run(once=True)  # the retry fails too: the last delay was used
-        time.sleep(1)
-        third = Consumer().run(once=True)  # the deadline: the close goes on
+    try:  # on the test's clock: each run sees the moment the test names, however slow the machine
+        first = consumer().run(once=True)
+        clock.advance(0.25)
+        second = consumer().run(once=True)  # the retry fails too: the last delay was used
+        clock.advance(1)
+        third = consumer().run(once=True)  # the deadline: the close goes on
     finally:
         deadline_approaching.disconnect(mail_service_down)
 

@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 import sys
+from urllib.parse import urlsplit
 
 import pytest
 from django.conf import settings as django_settings
@@ -90,7 +91,8 @@ SAVE = ("import django; django.setup(); from order_timeout.models import Order; 
 def test_no_password_in_the_output_of_check_the_consumer_or_a_save(alias):
     if alias == "cluster" and "cluster" not in django_settings.CACHES:
         pytest.skip("no REDIS_CLUSTER_URL: scripts/test starts a local Redis Cluster")
-    env = {"REDIS_URL": f"redis://:{STANDALONE_PASSWORD}@127.0.0.1:6379/9",
+    queue = urlsplit(django_settings.CACHES["order_timeout"]["LOCATION"])  # this worker's database
+    env = {"REDIS_URL": f"redis://:{STANDALONE_PASSWORD}@{queue.hostname}:{queue.port}{queue.path}",
            "REDIS_CLUSTER_URL": cluster_seeds(), "ORDER_TIMEOUT_REDIS_ALIAS": alias,
            "DJANGO_SETTINGS_MODULE": "testproject.settings"}
 

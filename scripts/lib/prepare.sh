@@ -56,9 +56,11 @@ if [ -n "$PG_VERSION" ] && ! PGPASSWORD=order_timeout psql -h 127.0.0.1 -U order
     2>/dev/null || as_postgres psql -q -c "ALTER ROLE order_timeout LOGIN SUPERUSER PASSWORD 'order_timeout'"
 fi
 
+# 64 databases: each test worker takes one of its own (tests/parallel.py).
 if ! redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
   step "starting Redis on 127.0.0.1:$REDIS_PORT"
-  redis-server --daemonize yes --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no >/dev/null
+  redis-server --daemonize yes --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+    --databases 64 >/dev/null
   for _ in $(seq 50); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
 fi
 
