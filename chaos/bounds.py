@@ -138,6 +138,14 @@ def redis_lost(t: Tuning) -> Bound:
                  from_heal=True, plus_scan=True)
 
 
+def lost_with_no_beat(t: Tuning) -> Bound:
+    """The member never reached Redis, no beat running: the consumers' own scan heals it; its
+    runner killed mid-scan costs the lock's lapse before another consumer runs it again."""
+    grace, interval, lock = t.compensation_grace, t.compensation_interval, t.compensation_lock_seconds
+    return Bound("Redis lost the member, the consumers scan, one killed mid-scan", grace + interval + lock + SLACK,
+                 f"GRACE {grace:g} + INTERVAL {interval:g} + LOCK {lock:g} + slack {SLACK:g}", from_heal=True)
+
+
 # Seconds a consumer's rebuild of the chaos run's queue takes from the rows (a few thousand).
 REBUILD = 2.0
 

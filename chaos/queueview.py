@@ -156,3 +156,21 @@ def present_among(members: Iterable[str], looks: int = 3) -> list[str]:
             time.sleep(0.05)
         missing = set(_queue().missing(list(missing)))
     return [member for member in members if member not in missing]
+
+
+def lose_alone(pks: Iterable[Any]) -> None:
+    """Take these orders' members off the queue, as if their saves' writes never reached Redis."""
+    from order_timeout import unschedule
+
+    unschedule(list(get_order_model().objects.filter(pk__in=list(pks))))
+
+
+def scan_runner() -> int | None:
+    """The pid of the process running the fleet's scan now (None: none runs, or not a local one)."""
+    from order_timeout.reporting.housekeeping import last_runs
+
+    run = last_runs(_queue())["scan"]
+    if run is None or run.ended is not None:
+        return None
+    pid = run.where.rsplit(":", 1)[-1]
+    return int(pid) if pid.isdigit() else None

@@ -197,6 +197,34 @@ def redis_empty_no_beat(lab: Lab) -> Story:
     return story
 
 
+@scenario("housekeeping", "no beat, no cron: a burst, and orders whose members never reached Redis; the "
+                          "consumer running the scan SIGKILLed mid-scan, restarted; the others take it over")
+def housekeeping(lab: Lab) -> Story:
+    t = lab.tuning
+    # 20 ms a delivery: the scan's chunk of lost orders takes long enough to be killed in.
+    with lab.consumers(CONSUMERS, CHAOS_DELIVERY_DELAY=0.02) as pool:
+        created = lab.create_orders(cohort="orders")
+        lost = lab.create_orders(count=max(40, lab.sizes.orders // 10), lead=0.5, spread=1.0,
+                                 cohort="lost alone, no beat")
+        queueview.lose_alone(lost.ids)
+        healed = lab.now()
+        killed: list[int] = []
+        deadline = time.monotonic() + t.compensation_grace + 2 * t.compensation_interval + 10
+        while not killed and time.monotonic() < deadline:
+            runner = queueview.scan_runner()
+            if runner is not None and runner in pool.pids() and pool.kill_pid(runner):
+                killed.append(runner)
+            time.sleep(0.05)
+        lab.wait_until(lab.after(created.last_deadline, 1.0))
+        story = lab.settle(Story([Cohort("orders", Expect.CLOSED, bounds.normal(t)),
+                                  Cohort("lost alone, no beat", Expect.CLOSED, bounds.lost_with_no_beat(t))],
+                                 heal_at=healed))
+    story.checks.append(Check("the consumer running the scan was killed mid-scan", bool(killed),
+                              f"pid {killed[0]}" if killed else "no scan was seen running"))
+    story.facts["scan runners killed"] = len(killed)
+    return story
+
+
 @scenario("failover-lost-writes", "Redis falls back to a copy from before its last second of writes "
                                   "mid-burst (killed, started from its last snapshot, as a replica that "
                                   "missed them is promoted), no Celery beat: a consumer finds the "

@@ -273,14 +273,18 @@ class ClusterNode(PrivateRedis):
         return ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                 "--cluster-port", str(self.bus_port), "--cluster-node-timeout", "2000"]
 
-    def cluster_ok(self) -> bool:
+    def cluster_ok(self, primaries: int, nodes: int) -> bool:
+        """Every slot served, as this node sees it, by the cluster's ``primaries``, and every one
+        of its ``nodes`` known: the state can read ok while gossip has yet to reach a busy node."""
         import redis
 
         try:
             info = redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1).cluster("info")
         except redis.RedisError:
             return False
-        return info.get("cluster_state") == "ok" and str(info.get("cluster_slots_ok")) == "16384"
+        return (info.get("cluster_state") == "ok" and str(info.get("cluster_slots_ok")) == "16384"
+                and str(info.get("cluster_size")) == str(primaries)
+                and str(info.get("cluster_known_nodes")) == str(nodes))
 
 
 class PrivateRedisCluster:
@@ -289,15 +293,17 @@ class PrivateRedisCluster:
     It takes the faults a standalone server takes, on every node at once: a
     SIGKILL, a restart (empty, from each node's snapshot, or from its
     append-only file: each node keeps its slots), a freeze and a thaw. The
-    scenarios cannot tell it from one server but for the URL.
+    scenarios cannot tell it from one server but for the URL. With ``replicas``, each primary
+    has that many replicas (the nodes after the primaries), for a test that fails one over.
     """
 
     name = "redis-cluster"
     size = 3
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, replicas: int = 0) -> None:
         self.directory = directory
-        self.nodes = [ClusterNode(directory / f"node-{index}") for index in range(self.size)]
+        self.replicas = replicas
+        self.nodes = [ClusterNode(directory / f"node-{index}") for index in range(self.size * (1 + replicas))]
         self.created = False
 
     @property
@@ -324,7 +330,7 @@ class PrivateRedisCluster:
             self._create()
             self.created = True
         deadline = time.monotonic() + timeout
-        while not all(node.cluster_ok() for node in self.nodes):
+        while not self.answers():
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the private Redis Cluster did not become ok within {timeout:g}s")
             time.sleep(0.05)
@@ -333,11 +339,11 @@ class PrivateRedisCluster:
         with (self.directory / "create.out").open("ab") as log:
             subprocess.run(["redis-cli", "--cluster", "create",
                             *(f"127.0.0.1:{node.port}" for node in self.nodes),
-                            "--cluster-replicas", "0", "--cluster-yes"],
+                            "--cluster-replicas", str(self.replicas), "--cluster-yes"],
                            stdout=log, stderr=subprocess.STDOUT, check=True)
 
     def answers(self) -> bool:
-        return all(node.cluster_ok() for node in self.nodes)
+        return all(node.cluster_ok(self.size, len(self.nodes)) for node in self.nodes)
 
     def kill(self) -> None:
         for node in self.nodes:

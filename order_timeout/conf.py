@@ -81,12 +81,13 @@ DEFAULTS: dict[str, Any] = {
     # seconds, and only those Redis shows no consumer handling for this long:
     # longer than LEASE_SECONDS plus the sum of RETRY_DELAYS (check W004).
     "COMPENSATION_GRACE": 150,
-    # Seconds between two compensation scans in the Celery beat entry.
+    # Seconds between two compensation scans for the whole fleet: the consumers take turns at it
+    # (scans/turns.py), and the Celery beat entry, if run, takes the same turns.
     "COMPENSATION_INTERVAL": 300,
     # Orders the scan reads, locks and closes per transaction.
     "COMPENSATION_CHUNK": 500,
-    # Seconds the scan's Redis lock lives without being renewed (it is renewed
-    # before every chunk), so a crashed scan never blocks the next for long.
+    # Seconds the scan's (and the prune's) Redis lock lives without being renewed (it is renewed
+    # before every chunk), so a crashed or frozen runner never blocks the next for long.
     "COMPENSATION_LOCK_SECONDS": 60,
     # Seconds between two scans that read every overdue row from the oldest. The scans between
     # start where the last one left nothing but open dead letters behind, so the rows staff have
@@ -100,8 +101,8 @@ DEFAULTS: dict[str, Any] = {
     "REMINDER_RETENTION": 7 * 86400,
     # A dead letter staff resolved (requeued, closed, dropped), from its resolution. Open ones stay.
     "DEAD_LETTER_RETENTION": 30 * 86400,
-    # Seconds between two prunes run by the compensation scan's Celery task. None: the task never
-    # prunes (run order_timeout_prune yourself, from cron).
+    # Seconds between two prunes run by the fleet's housekeeping (the consumers', the beat task's).
+    # None: neither prunes (run order_timeout_prune yourself, from cron).
     "PRUNE_INTERVAL": 3600,
     # Rows one DELETE of the prune removes (a short transaction of its own each).
     "PRUNE_CHUNK": 1000,
@@ -385,14 +386,22 @@ class OrderTimeoutSettings:
 
     def __init__(self) -> None:
         self._values: dict[str, Any] | None = None
+        # Bumped by every reload: a read that began before one is not kept (a thread that read the
+        # old setting while another changed it would otherwise leave the old values cached).
+        self._generation = 0
 
     def load(self) -> dict[str, Any]:
         """Read, merge and validate the setting; raises ImproperlyConfigured."""
-        if self._values is None:
-            self._values = self._read()
-        return self._values
+        values = self._values
+        if values is None:
+            generation = self._generation
+            values = self._read()
+            if generation == self._generation:
+                self._values = values
+        return values
 
     def reload(self) -> None:
+        self._generation += 1
         self._values = None
 
     def __getattr__(self, name: str) -> Any:

@@ -39,6 +39,7 @@ from .queue.shards import Shard
 from .queue.wakeups import WakeListener
 from .redaction import one_line
 from .reporting.metrics import ConsumerMetrics
+from .scans.housekeeper import Housekeeper
 from .scans.recovery import QueueRecovery
 from .timers.clock import DatabaseClock
 from .timers.heartbeats import Heartbeat
@@ -164,6 +165,7 @@ class Consumer:
         metrics: ConsumerMetrics | None = None,
         exit_when_stuck: bool = False,
         kinds: list[Kind] | None = None,
+        housekeeping: bool = False,
     ) -> None:
         # The order close (and its reminders) of ``model`` when it is not ORDER_MODEL.
         self.kinds = registry.kinds_for(model, kinds)
@@ -193,6 +195,9 @@ class Consumer:
         self.heartbeat_seconds = (heartbeat_seconds if heartbeat_seconds is not None
                                   else settings.HEARTBEAT_SECONDS)
         self.exit_when_stuck = exit_when_stuck
+        # Take part in the fleet's scan and prune (scans/housekeeper.py): run_timeout_consumer's
+        # default; off for a consumer made in code (a test's, a shop's own loop) unless asked.
+        self.housekeeping = housekeeping
         self.stats = ConsumerStats()
         # Counted only where someone reads them (run_timeout_consumer --metrics-port).
         self.metrics = metrics or ConsumerMetrics(enabled=False)
@@ -407,6 +412,8 @@ class Consumer:
                                               on_stuck=self._exit_stuck if self.exit_when_stuck else None,
                                               time_limit=self.batch_time_limit)
         abandoning = False
+        housekeeper = Housekeeper(self._stop, exit_when_stuck=self.exit_when_stuck) \
+            if self.housekeeping and not once else None
         try:
             if not once:
                 self._wait_for_migrations()
@@ -421,12 +428,18 @@ class Consumer:
                 # Not for --once: what is due now, then gone; a killed one's batch waits its lease.
                 heartbeat.start()
                 self.watch.on_session = heartbeat.record_session
+            if housekeeper is not None:
+                housekeeper.start()
             return self._run(once=once)
         except BaseException:
             abandoning = True
             raise
         finally:
+            if housekeeper is not None:
+                self._stop.set()  # left raising too: a scan in hand stops between two chunks
             self._ack_before_leaving()
+            if housekeeper is not None:
+                housekeeper.close()
             if heartbeat.thread.is_alive():
                 # Left raising (a second signal, a receiver stuck): its claims go to the others now.
                 heartbeat.close(abandon=abandoning)

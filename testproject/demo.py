@@ -130,8 +130,13 @@ def run(workdir: Path) -> int:
     try:
         last_deadline = max(o.expires_at for o in orders)
         give_up = time.monotonic() + 60
-        while Order.objects.filter(status=Order.Status.UNPAID, expires_at__lte=timezone.now()).exists() \
-                or timezone.now() < last_deadline:
+        while True:
+            # One instant for both questions: read twice, the last deadline could fall between
+            # them, and the demo end with that order still unpaid (seen on a busy machine).
+            now = timezone.now()
+            if now >= last_deadline and not Order.objects.filter(
+                    status=Order.Status.UNPAID, expires_at__lte=now).exists():
+                break
             if time.monotonic() > give_up or consumer.poll() is not None:
                 print("The consumer did not close every due order in time.", file=sys.stderr)
                 return 1

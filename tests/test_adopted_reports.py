@@ -190,7 +190,7 @@ def test_with_no_order_model_the_reports_have_no_order_section_and_read_no_order
     assert [query["sql"] for query in queries.captured_queries if order_table in query["sql"]] == []
     assert text.startswith("no order close (ORDER_MODEL is None)") and "overdue unpaid" not in text
     assert figures["closes_orders"] is False and set(figures) == {"closes_orders", "refused_writes", "timers",
-                                                                  "paused", "storage"}
+                                                                  "paused", "storage", "housekeeping"}
     assert LAPSES in figures["timers"]
     assert scan.startswith("Scan: no order close (ORDER_MODEL is None)") and f"timer {LAPSES}:" in scan
     assert set(StockReservation.objects.values_list("state", flat=True)) == {"released"}

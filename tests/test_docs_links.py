@@ -69,7 +69,8 @@ def test_every_link_of_a_page_leads_to_a_file_and_a_heading_that_exist(page):
 
 
 def test_the_check_reads_links_and_anchors_as_github_does():
-    assert slug("The compensation scan (Celery beat)") == "the-compensation-scan-celery-beat"
+    assert slug("The compensation scan and the prune: the consumers' housekeeping") == \
+        "the-compensation-scan-and-the-prune-the-consumers-housekeeping"
     assert slug("One clock: the database's") == "one-clock-the-databases"
     assert slug("`final`: acted on for good") == "final-acted-on-for-good"
     assert slug("3. Reminders before the deadline") == "3-reminders-before-the-deadline"

@@ -18,6 +18,8 @@ import os
 import re
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -36,8 +38,11 @@ from order_timeout.consumer import Consumer
 from order_timeout.db.session import session_identity
 from order_timeout.notices import handlers
 from order_timeout.queue import TimeoutQueue
+from order_timeout.scans import housekeeper
 from order_timeout.scans.compensation import compensate
+from order_timeout.scans.housekeeper import Housekeeper
 from order_timeout.scans.pruning import prune
+from order_timeout.scans.turns import PRUNE, run_prune, run_scan, take_turn
 from order_timeout.signals import order_expired
 from order_timeout.tasks import compensate as compensate_task
 from order_timeout.timers.heartbeats import Heartbeat
@@ -473,6 +478,24 @@ def the_prune(run: Run) -> None:
     prune()
 
 
+def the_fleets_housekeeping(run: Run) -> None:
+    """A turn that lapsed under its runner (frozen past COMPENSATION_LOCK_SECONDS), and a
+    housekeeping thread whose run raised."""
+    with run.configured(COMPENSATION_LOCK_SECONDS=0.1):
+        frozen = take_turn(PRUNE, "consumer", interval=None)
+        assert frozen is not None
+        time.sleep(0.15)  # the lock lapses: the behaviour shown needs it to
+        frozen.renew()
+        frozen.end(complete=True, figures={})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(housekeeper, "run_scan", failing_scan)
+        Housekeeper(threading.Event()).look_once()
+
+
+def failing_scan(*args: Any, **kwargs: Any) -> None:
+    raise RuntimeError("a bug in the scan")
+
+
 def redis_stopped(run: Run) -> None:
     """Redis down: a save cannot schedule its order, the scan works without its lock (and a close it
     tries fails), a consumer cannot beat nor claim. Redis is started again, empty, at the end."""
@@ -481,6 +504,8 @@ def redis_stopped(run: Run) -> None:
         order = run.due(seconds_ago=600)  # its save cannot reach Redis
         with connected(order_expired, refusing(order)):
             compensate(now=run.now())
+        run_scan("consumer")  # the fleet's turn cannot be taken: the scan runs without its lock
+        run_prune("consumer")  # and the prune waits
         worker = Consumer(max_wait=0.05)
         with running(worker):
             wait_for(lambda: run.logged("Timeout consumer batch failed"))
@@ -500,6 +525,7 @@ SCENARIOS = [
     redis_loses_the_queue,
     the_scan_buries_a_row_its_runs_died_with,
     the_prune,
+    the_fleets_housekeeping,
     redis_stopped,
 ]
 

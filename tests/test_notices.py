@@ -29,6 +29,7 @@ from order_timeout.timers import staff
 from order_timeout.timers.members import now_score
 from order_timeout.timers.registry import NOTICES
 
+from .conftest import wait_for
 from .helpers import leased_members, score_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -426,3 +427,34 @@ def test_the_notices_of_a_batch_are_rows_in_the_order_of_their_items(recorder):
     assert written[0] is written[0] and written[0].payload == {"n": 0}
     with pytest.raises(IndexError):
         written[5]
+
+
+def test_notices_delivered_past_the_batch_time_limit_are_recorded_on_a_new_session(recorder, delivering,
+                                                                                    settings):
+    """Seen in a loaded CI run: the deliveries of a batch outran BATCH_TIME_LIMIT, the lease guard
+    gave it up by ending its database session, and the write that records what was delivered then
+    met the lost connection: the consumer raised (under ``--once``, exited 1) and the notices,
+    sent, stayed pending, to be sent again. What the handlers did is recorded on a new session."""
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "BATCH_TIME_LIMIT": 0.3}
+
+    def given_up() -> bool:
+        batch = worker.watch.last
+        return batch is not None and batch.given_up.is_set()
+
+    def slow_target(delivery: Any) -> None:
+        recorder(delivery)
+        wait_for(given_up)  # the guard gives the batch up while the deliveries are out,
+        time.sleep(0.3)  # and its end of the session lands
+
+    handlers.declare("test-slow-target", slow_target, timeout=30)
+    try:
+        notices = notify_many("test-slow-target", [{"n": n} for n in range(3)])
+        worker = delivering()
+        stats = worker.run(once=True)
+    finally:
+        handlers.forget("test-slow-target")
+
+    assert len(recorder.deliveries) == 3
+    assert set(Notice.objects.filter(pk__in=[n.pk for n in notices]).values_list("state", flat=True)) == {
+        Notice.State.DELIVERED}
+    assert stats.of(NOTICES.name).delivered == 3

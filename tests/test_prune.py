@@ -20,7 +20,8 @@ from django.utils import timezone
 
 from order_timeout.models import DeadLetter, Notice, Pause, Reminder
 from order_timeout.queue import TimeoutQueue
-from order_timeout.scans.pruning import prune, prune_if_due
+from order_timeout.scans.pruning import prune
+from order_timeout.scans.turns import run_prune
 from order_timeout.tasks import compensate as compensate_task
 
 from .conftest import finish, wait_for
@@ -191,17 +192,18 @@ def test_the_beat_task_prunes_once_per_prune_interval(retention, settings, redis
     assert first["prune"]["deleted"]["reminders"] == 1
     assert second["prune"] is None
     assert Reminder.objects.count() == 1
-    redis_client.delete(TimeoutQueue.from_settings().global_keys.prune_turn)  # an hour later
+    # An hour later: the last complete prune started more than PRUNE_INTERVAL ago.
+    redis_client.hdel(TimeoutQueue.from_settings().global_keys.housekeeping_runs, "prune:complete_started")
     assert compensate_task()["prune"]["deleted"]["reminders"] == 1
 
 
-def test_a_beat_prune_cut_short_by_its_budget_gives_its_turn_back(retention, settings):
+def test_a_prune_cut_short_by_its_budget_leaves_the_next_turn_due_at_once(retention, settings):
     settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "PRUNE_CHUNK": 1}
     for n in range(3):
         reminder(2 * DAY, order_id=n)
 
-    cut_short = prune_if_due(budget=0)
-    then = prune_if_due()
+    cut_short = run_prune("beat", budget=0)
+    then = run_prune("consumer")
 
     assert cut_short is not None and not cut_short.complete and cut_short.deleted["reminders"] == 1
     assert then is not None and then.complete and then.deleted["reminders"] == 2

@@ -27,6 +27,8 @@ from order_timeout.checks import (
 )
 from order_timeout.consumer import Consumer
 from order_timeout.reporting.health import measure
+from order_timeout.reporting.housekeeping import last_runs
+from order_timeout.scans.turns import run_prune, run_scan
 
 from .conftest import PrivateRedis, free_port, running, wait_for
 from .helpers import pending_count, state
@@ -119,6 +121,9 @@ def test_a_least_privilege_acl_user(server, settings, make_order, queue, in_opti
     # A database of its own, as the README's LOCATION.
     with as_user(settings, redis, db=1, in_options=in_options):
         close_one_order_through_the_queue(make_order)
+        # The fleet's housekeeping turns, and the record the status reads, need no more.
+        assert run_scan("consumer") is not None and run_prune("consumer", due_only=False) is not None
+        assert last_runs()["scan"].complete and last_runs()["prune"].complete
         client = get_redis_connection("deployment")
         # And nothing else: another key, or a command the app does not use, is refused.
         with pytest.raises(Exception, match="NOPERM|no permissions"):
@@ -354,6 +359,8 @@ def test_sentinel_and_a_failover_the_consumer_rides_through(server, settings, ma
                 orders = [make_order(in_seconds=0.3) for _ in range(3)]
                 wait_for(lambda: all(state(o) == "closed" for o in orders), timeout=30)
             assert pending_count(worker.queue) == 0
+            # The fleet's housekeeping turns on the new primary, through Sentinel.
+            assert run_scan("consumer") is not None and last_runs()["scan"].complete
     finally:
         sentinel_proc.terminate()
         sentinel_proc.wait(10)

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from io import StringIO
 
 import pytest
 from django.conf import settings as django_settings
+from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
 from django.db import models
 from django.db.models import Q
 from django.test import override_settings
@@ -16,6 +22,7 @@ from django_redis import get_redis_connection
 
 from order_timeout import get_order_model
 from order_timeout.checks import (
+    TAG,
     check_dedicated_alias,
     check_grace,
     check_heartbeat,
@@ -353,3 +360,50 @@ def test_a_check_errors_when_the_order_models_key_cannot_fit_the_dead_letter_and
 
     ids = [message.id for message in check_key_fits(LongKeyOrder)]
     assert ids == ([] if fits else ["order_timeout.E015"])
+
+
+@contextmanager
+def a_failing_check(tag: str) -> Iterator[str]:
+    """A check under ``tag`` that fails, registered for the block; yields its id."""
+    check_id = f"shop.E{abs(hash(tag)) % 1000:03d}"
+
+    def failing(**kwargs: object) -> list[checks.CheckMessage]:
+        return [checks.Error(f"broken under {tag}", id=check_id)]
+
+    checks.register(failing, tag)
+    try:
+        yield check_id
+    finally:
+        checks.registry.registry.registered_checks.discard(failing)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_consumer_starts_on_the_apps_own_checks_and_leaves_the_web_checks_to_the_web_process():
+    """A worker starts often (deploys, restarts after a crash): it runs the checks tagged
+    ``order_timeout`` (its settings, its model, its Redis), not the admin's or the URLs'."""
+    with a_failing_check(checks.Tags.admin):
+        call_command("run_timeout_consumer", "--once", skip_checks=False, stdout=StringIO())
+
+    with a_failing_check(TAG), pytest.raises(SystemCheckError, match="broken under order_timeout"):
+        call_command("run_timeout_consumer", "--once", skip_checks=False, stdout=StringIO())
+
+
+def test_a_read_of_the_settings_that_began_before_a_change_is_not_kept(settings, monkeypatch):
+    """Seen in CI: a thread left over from an earlier test read ORDER_TIMEOUT while the next test's
+    settings were restored; its read, cached after the reload, gave every later test the old alias."""
+    from order_timeout.conf import OrderTimeoutSettings
+
+    conf = OrderTimeoutSettings()
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "BATCH_SIZE": 7}
+    read = OrderTimeoutSettings._read
+
+    def read_while_another_thread_changes_it() -> dict:
+        old = read()
+        settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "BATCH_SIZE": 8}
+        conf.reload()  # what the change's setting_changed does
+        return old
+
+    monkeypatch.setattr(OrderTimeoutSettings, "_read", staticmethod(read_while_another_thread_changes_it))
+    assert conf.BATCH_SIZE == 7  # that read gets what it read
+    monkeypatch.setattr(OrderTimeoutSettings, "_read", staticmethod(read))
+    assert conf.BATCH_SIZE == 8  # and the next one the change

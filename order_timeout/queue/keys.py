@@ -176,8 +176,8 @@ class GlobalKeys:
 
     @property
     def prune_turn(self) -> str:
-        """String, with a time to live of ``PRUNE_INTERVAL``: the token of the last prune the beat
-        ran; while it lives, the beat's scans do not prune (one for every kind)."""
+        """String, with a time to live of ``PRUNE_INTERVAL``: the prune's turn as releases before 0.4
+        took it (the beat's). Read by nothing now; deleted with the queue's keys, and lapses by itself."""
         return f"{{{self.prefix}}}:prune-turn"
 
     @property
@@ -185,6 +185,19 @@ class GlobalKeys:
         """Hash: rows the prune deleted, per table, since Redis last lost its data (``total:<table>``),
         the last run's (``last:<table>``) and when it ended (``at``, ms) (one for every kind)."""
         return f"{{{self.prefix}}}:pruned"
+
+    @property
+    def prune_lock(self) -> str:
+        """String, with a time to live the runner renews between chunks: the token of the prune
+        running now, if any (one for every kind): one prune at a time, whoever runs it."""
+        return f"{{{self.prefix}}}:prune-lock"
+
+    @property
+    def housekeeping_runs(self) -> str:
+        """Hash: each housekeeping job's last run (``<job>:<field>``: when it started and ended by
+        the database's clock, ms, where, by whom, whether complete, its figures), and when its last complete
+        run started (``<job>:complete_started``): the fleet's one record of whose turn comes next."""
+        return f"{{{self.prefix}}}:housekeeping-runs"
 
     @property
     def pauses(self) -> str:
@@ -195,4 +208,4 @@ class GlobalKeys:
     def all(self) -> list[str]:
         """Every key of the queue as a whole that holds data."""
         return [self.compensation_lock, self.drift, self.scanning, self.scan_mark, self.prune_turn, self.pruned,
-                self.pauses]
+                self.pauses, self.prune_lock, self.housekeeping_runs]

@@ -7,7 +7,7 @@ from importlib import resources
 
 # Every script the queue runs (lua/<name>.lua).
 SCRIPT_NAMES = ("schedule", "claim", "forget", "reschedule", "retry", "renew", "move_out", "positions",
-                "renew_lock", "release_lock", "quarantine", "take", "heartbeat", "epoch")
+                "renew_lock", "release_lock", "quarantine", "take", "heartbeat", "epoch", "job_turn", "job_done")
 
 
 # A script's line that stands for a shared part of several scripts (lua/lib/<name>.lua).

@@ -695,7 +695,7 @@ class TimeoutQueue:
     @cached_property
     def housekeeping(self) -> Housekeeping:
         """Where this kind's scan starts its walk; the prune's turn and totals."""
-        return Housekeeping(self.client, self.global_keys)
+        return Housekeeping(self.client, self.global_keys, lambda: self.scripts)
 
     def record_drift(self, missing: int) -> None:
         with redis_errors("record the drift"):

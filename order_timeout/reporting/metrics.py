@@ -233,9 +233,31 @@ class BacklogCollector:
                 "Unpaid orders with a deadline the last beat run found missing from Redis.",
                 value=drift)
         yield from self._storage()
+        yield from self._housekeeping()
         yield self._paused()
         if self.own_connections:
             close_old_connections()
+
+    @staticmethod
+    def _housekeeping() -> Iterator[Any]:
+        """When each housekeeping job last started, and last started a run it completed (Unix time)."""
+        from .housekeeping import last_runs_or_none
+
+        runs = last_runs_or_none()
+        if runs is None:
+            return
+        started = GaugeMetricFamily("order_timeout_housekeeping_last_run_timestamp_seconds",
+                                    "When the job (scan, prune) last started, by any runner (Unix time).",
+                                    labels=["job"])
+        complete = GaugeMetricFamily("order_timeout_housekeeping_last_complete_run_timestamp_seconds",
+                                     "When the job's last complete run started (Unix time): alert on its age.",
+                                     labels=["job"])
+        for job, run in runs.items():
+            if run is not None:
+                started.add_metric([job], run.started.timestamp())
+                if run.complete_started is not None:
+                    complete.add_metric([job], run.complete_started.timestamp())
+        yield from (started, complete)
 
     @staticmethod
     def _paused() -> Any:

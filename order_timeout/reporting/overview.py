@@ -23,6 +23,7 @@ from ..models import TIMEOUT_REASON, TimeoutOrderMixin
 from ..ordermodel import get_order_model
 from ..timers.pausing import Paused, describe, open_pauses
 from .health import Health, measure, open_refused_writes
+from .housekeeping import last_runs_or_none
 from .storage import Storage, measure_storage
 
 # How far back the chart looks, and how many closes it reads at most.
@@ -266,4 +267,5 @@ def context(request: Any, now: datetime | None = None) -> dict[str, Any]:
     """What the template shows."""
     now = now or timezone.now()
     data = overview(now)
-    return {"overview": data, "chart": lateness_svg(data.minutes, now=now), "pauses": paused_timers()}
+    return {"overview": data, "chart": lateness_svg(data.minutes, now=now), "pauses": paused_timers(),
+            "housekeeping": last_runs_or_none()}

@@ -17,6 +17,7 @@ again on every run; every ``COMPENSATION_FULL_INTERVAL`` it walks from the oldes
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
@@ -63,6 +64,8 @@ class ScanResult:
     # The lock expired under us (a chunk outlived COMPENSATION_LOCK_SECONDS) and
     # another scan may have taken it: this one stopped early.
     lock_lost: bool = False
+    # Its process was stopping (a consumer's SIGTERM): it stopped between two chunks.
+    stopped: bool = False
     # The order close's figures (every kind's in ``timers``):
     examined: int = 0
     closed: int = 0
@@ -128,6 +131,8 @@ class CompensationScan:
         exit_when_stuck: bool = False,
         kinds: list[Kind] | None = None,
         from_oldest: bool = False,
+        held_lock: str | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         # The order close (and its reminders) of ``model`` when it is not ORDER_MODEL.
         self.kinds = registry.kinds_for(model, kinds)
@@ -140,6 +145,11 @@ class CompensationScan:
         # stuck in its thread ends the process, as it ends run_timeout_consumer.
         self.exit_when_stuck = exit_when_stuck
         self._token: str | None = None
+        # The token of the fleet's turn (scans/turns.py), taken already: its lock is this scan's,
+        # released by the turn's end, which records the run.
+        self.held_lock = held_lock
+        # Set when the process stops: the scan stops between two chunks.
+        self.stop = stop
         self.lock_ms = round(1000 * settings.COMPENSATION_LOCK_SECONDS)
         # A failure the scan meets is leased to it this long while its retry is counted.
         self.lease_ms = round(1000 * settings.LEASE_SECONDS)
@@ -162,9 +172,9 @@ class CompensationScan:
 
     def run(self) -> ScanResult:
         started = timezone.now()
-        token = self._token = uuid.uuid4().hex
+        token = self._token = self.held_lock or uuid.uuid4().hex
         try:
-            if not self.queue.acquire_lock(token, self.lock_ms):
+            if self.held_lock is None and not self.queue.acquire_lock(token, self.lock_ms):
                 logger.info("compensation scan skipped: another scan holds the lock")
                 self.result.skipped = True
                 return self.result
@@ -188,7 +198,7 @@ class CompensationScan:
             if self.result.mode in ("close", "heal"):
                 paused = paused_names()
                 for kind in self.kinds:
-                    if self.result.lock_lost:
+                    if self.result.lock_lost or self.result.stopped:
                         break
                     if kind.label in paused and not self.full:
                         # Staff paused it: its rows wait, as the consumers' claims do. (A rebuild
@@ -221,6 +231,9 @@ class CompensationScan:
         cannot go on without Redis (raise); closing can (go on without the lock)."""
         count = total() if self.progress and total else 0
         for rows in chunks:
+            if self.stop is not None and self.stop.is_set():
+                self.result.stopped = True
+                return
             # Renewed before each chunk, so the lock outlives any chunk that
             # takes less than COMPENSATION_LOCK_SECONDS.
             if not self._renew(token, needs_redis=needs_redis):
@@ -248,8 +261,8 @@ class CompensationScan:
         return False
 
     def _release(self, token: str) -> None:
-        if not self.result.locked or self.result.lock_lost:
-            return
+        if not self.result.locked or self.result.lock_lost or self.held_lock is not None:
+            return  # a turn's lock goes with the turn's end (scans/turns.py)
         try:
             self.queue.release_lock(token)
         except QueueUnavailable as error:

@@ -25,10 +25,9 @@ from typing import Any
 
 from django.db import models, router, transaction
 from django.db.models import F
-from django.utils import timezone
 
 from ..conf import settings
-from ..db.session import limit_transaction
+from ..db.session import database_now, limit_transaction
 from ..models import Deadline, Pause
 from ..queue import TimeoutQueue
 from ..timers.closes import OnOrderModel
@@ -73,8 +72,9 @@ def resume_timers(names: Sequence[str], *, give_time_back: bool, user: Any = Non
                   now: datetime | None = None) -> tuple[list[Pause], dict[str, GiveBack]]:
     """Resume the paused timers ``names``, each first given its time back when ``give_time_back``
     (while still paused): what ``order_timeout_resume`` and the admin's form both do. Every
-    give-back is refused (``PauseRefused``) before any deadline moves."""
-    now = now or timezone.now()
+    give-back is refused (``PauseRefused``) before any deadline moves. ``now``: the database's clock,
+    as the pause's start was stamped."""
+    now = now or database_now(router.db_for_write(Pause))
     given: dict[str, GiveBack] = {}
     if give_time_back:
         paused = open_pauses()

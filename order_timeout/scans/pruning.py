@@ -18,15 +18,15 @@ are measured by the database's clock, the one that judges a reminder's deadline.
 Each chunk is a plain read of at most ``PRUNE_CHUNK`` primary keys along an index, then those rows
 deleted by key in a short transaction of their own (``db.deleting``): it locks only the rows it
 deletes, none of which a payment, a close or a checkout ever waits on, and no range (a range, or a
-whole table scanned, on MySQL would lock the gaps where the consumers and checkouts insert). Run by
-the compensation scan's beat task once per ``PRUNE_INTERVAL``, and by ``manage.py order_timeout_prune``.
+whole table scanned, on MySQL would lock the gaps where the consumers and checkouts insert). Run once per
+``PRUNE_INTERVAL`` by whoever's turn comes first (a consumer, the beat task: ``scans/turns.py``), and by
+``manage.py order_timeout_prune``, one run at a time.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
@@ -115,8 +115,10 @@ class Prune:
     """One run: each retention's expired rows deleted a chunk at a time, oldest first."""
 
     def __init__(self, *, dry_run: bool = False, chunk_size: int | None = None, budget: float | None = None,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, between_chunks: Callable[[], bool] | None = None) -> None:
         self.dry_run = dry_run
+        # Asked after each chunk whether to go on (the fleet's turn renewed: scans/turns.py).
+        self.between_chunks = between_chunks
         self.chunk_size = chunk_size or settings.PRUNE_CHUNK
         # Seconds this run may take before it stops between two chunks (None: until done).
         self.budget = budget
@@ -138,7 +140,8 @@ class Prune:
                 done += deleted
                 if self.progress:
                     self.progress(done, max(total, done))
-                if self.budget is not None and time.monotonic() - started > self.budget:
+                if self.budget is not None and time.monotonic() - started > self.budget \
+                        or self.between_chunks is not None and not self.between_chunks():
                     self.result.complete = False
                     break
             if not self.result.complete:
@@ -205,28 +208,3 @@ class Prune:
 def prune(**options: Any) -> PruneResult:
     """Run the prune once; see ``Prune`` for the options."""
     return Prune(**options).run()
-
-
-def prune_if_due(budget: float | None = None) -> PruneResult | None:
-    """The beat's prune: run it when ``PRUNE_INTERVAL`` has passed since the last one (None when it
-    is not this run's turn, or ``PRUNE_INTERVAL`` is None). One run at a time across every worker:
-    the turn is a Redis key that lives ``PRUNE_INTERVAL``. A run that stopped at ``budget`` with
-    rows left gives its turn back, so the next beat goes on with it."""
-    interval = settings.PRUNE_INTERVAL
-    if interval is None:
-        return None
-    token = uuid.uuid4().hex
-    housekeeping = TimeoutQueue.from_settings().housekeeping
-    try:
-        if not housekeeping.take_prune_turn(token, round(1000 * interval)):
-            return None
-    except QueueUnavailable as error:
-        logger.warning("prune skipped: cannot take its turn in Redis (%s); the next beat tries again", error)
-        return None
-    result = prune(budget=budget)
-    if not result.complete:
-        try:
-            housekeeping.give_back_prune_turn(token)
-        except QueueUnavailable as error:
-            logger.warning("prune could not give its turn back (%s); it goes on after PRUNE_INTERVAL", error)
-    return result

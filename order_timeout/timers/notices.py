@@ -24,7 +24,7 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 from django.apps import apps
-from django.db import close_old_connections, transaction
+from django.db import DatabaseError, close_old_connections, connections, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -149,6 +149,20 @@ class Notices(Kind):
             if progress is not None:
                 progress()
         delivered = [pk for pk in futures if pk not in failed]
+        try:
+            self._record(delivered, failed)
+        except DatabaseError:
+            if connections[self.using].in_atomic_block:
+                raise  # the caller's transaction: only the caller can end it
+            # Most likely the session was ended under the deliveries: a batch that outran
+            # BATCH_TIME_LIMIT is given up that way (timers/leases.py). What the handlers did is
+            # recorded all the same, once more on a new session (the writes are idempotent), rather
+            # than sent again; a database that is down fails this one too.
+            connections[self.using].close()
+            self._record(delivered, failed)
+        return failed
+
+    def _record(self, delivered: list[Key], failed: dict[Key, BaseException]) -> None:
         rejected = {pk: error for pk, error in failed.items() if isinstance(error, Rejected)}
         with transaction.atomic(using=self.using):
             if delivered:
@@ -158,7 +172,6 @@ class Notices(Kind):
                 Notice.objects.using(self.using).filter(pk=pk).update(
                     last_error=f"{type(error).__name__}: {error}"[:2000],
                     **({"last_answer": rejected[pk].answer[:10_000]} if pk in rejected else {}))
-        return failed
 
     def _threads(self) -> ThreadPoolExecutor:
         if self._pool is None:

@@ -28,8 +28,8 @@ from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, close_old_connections, router, transaction
-from django.utils import timezone
 
+from ..db.session import database_now
 from ..exceptions import OrderTimeoutError, QueueUnavailable
 from ..models import Pause
 from ..queue import TimeoutQueue
@@ -84,8 +84,10 @@ def pause(names: Sequence[str], reason: str, *, known: Iterable[str], user: Any 
     if not reason:
         raise PauseRefused("A pause needs a reason (the outage it is for): staff and the log read it.")
     _known(names, known)
-    now = now or timezone.now()
     using = router.db_for_write(Pause)
+    # The database's clock, as every deadline is judged: the length given back at the resume does not
+    # depend on which hosts ran the pause and the resume.
+    now = now or database_now(using)
     try:
         with transaction.atomic(using=using):
             created = [Pause.objects.using(using).create(timer=name, open_for=name, reason=reason, paused_at=now,
@@ -116,7 +118,7 @@ def resume(names: Sequence[str], *, user: Any = None, now: datetime | None = Non
         row = current[name]
         if before_resuming is not None:
             before_resuming(row)
-        at = now or timezone.now()
+        at = now or database_now(using)
         # Conditional: two staff resuming at once end one pause, and the second is told so.
         if not Pause.objects.using(using).filter(pk=row.pk, resumed_at__isnull=True).update(
                 resumed_at=at, resumed_by=user, open_for=None):

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from order_timeout.exceptions import QueueUnavailable
 from order_timeout.scans.pruning import PruneResult, prune
+from order_timeout.scans.turns import PRUNE, take_turn
 
 from ..progress import terminal_progress
 
@@ -27,8 +29,32 @@ class Command(BaseCommand):
         parser.add_argument("--dry-run", action="store_true", help="Count what would be deleted; delete nothing.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        with terminal_progress(self.stdout) as progress:
-            result = prune(dry_run=options["dry_run"], progress=progress)
+        if options["dry_run"]:
+            with terminal_progress(self.stdout) as progress:
+                counted = prune(dry_run=True, progress=progress)
+            self.stdout.write(summary(counted))
+            return
+        # Now, whatever ran before, yet one prune at a time: the fleet's turn (scans/turns.py), which
+        # records this run as the last one, so the consumers' next prune is PRUNE_INTERVAL later.
+        try:
+            turn = take_turn(PRUNE, "command", interval=None)
+        except QueueUnavailable as error:
+            self.stderr.write(f"Redis cannot be reached ({error}): pruning without the fleet's turn.")
+            turn = None
+        else:
+            if turn is None:
+                raise CommandError("Another prune runs now (a consumer's, the beat's or another command's): "
+                                   "nothing done. Its lock lapses within COMPENSATION_LOCK_SECONDS if it died.")
+        result: PruneResult | None = None
+        try:
+            with terminal_progress(self.stdout) as progress:
+                result = prune(progress=progress, between_chunks=None if turn is None else turn.renew)
+        finally:
+            if turn is not None:
+                turn.end(complete=result is not None and result.complete,
+                         figures={} if result is None else {"deleted": sum(result.deleted.values()),
+                                                            "complete": result.complete})
+        assert result is not None  # prune() returned (it raised otherwise)
         self.stdout.write(summary(result))
 
 

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from order_timeout.exceptions import OrderTimeoutError
 from order_timeout.reporting.health import Health, measure
+from order_timeout.reporting.housekeeping import LastRun, last_runs_or_none
 from order_timeout.reporting.storage import Storage, TableStorage, measure_storage
 from order_timeout.timers.pausing import Paused, describe, open_pauses
 
@@ -107,6 +108,10 @@ class Command(BaseCommand):
         parser.add_argument("--max-paused", type=non_negative, default=None, metavar="SECONDS",
                             help=f"Exit {PAUSED_TOO_LONG} when a timer has been paused by staff for longer than "
                                  "this many seconds (a pause forgotten after the outage).")
+        parser.add_argument("--max-scan-age", type=non_negative, default=None, metavar="SECONDS",
+                            help="Fail when the last complete compensation scan started longer ago than this "
+                                 "(or none is recorded): the housekeeping stopped (every consumer runs "
+                                 "with --no-housekeeping, or Celery beat alone ran it and is down).")
         parser.add_argument("--no-drift", action="store_true",
                             help="Skip the drift count, which reads every unpaid row with a "
                                  "deadline.")
@@ -119,7 +124,8 @@ class Command(BaseCommand):
         except OrderTimeoutError as exc:
             raise CommandError(f"Cannot read the queue: {exc}") from exc
         pauses = [describe(row) for row in open_pauses().values()]
-        self._print(health, measure_storage(), as_json=options["json"], pauses=pauses)
+        runs = last_runs_or_none()
+        self._print(health, measure_storage(), as_json=options["json"], pauses=pauses, runs=runs)
         # Every kind is held to the same thresholds: the order close, and each declared timer. The
         # first holds the app's own figures too (refused writes), so it is there with no order close,
         # whose figures are then 0 and cross nothing.
@@ -139,17 +145,22 @@ class Command(BaseCommand):
                            f"{options['max_paused']:g} ({pause.reason})"
                            for pause in pauses if options["max_paused"] is not None
                            and (now - pause.since).total_seconds() > options["max_paused"]]
+        crossed += _scan_too_old(runs, options["max_scan_age"])
         if crossed:
             raise CommandError("; ".join(crossed + paused_too_long), returncode=THRESHOLD_CROSSED)
         if paused_too_long:
             raise CommandError("; ".join(paused_too_long), returncode=PAUSED_TOO_LONG)
 
-    def _print(self, health: Health, storage: Storage, *, as_json: bool, pauses: list[Paused]) -> None:
+    def _print(self, health: Health, storage: Storage, *, as_json: bool, pauses: list[Paused],
+               runs: dict[str, LastRun | None] | None) -> None:
         figures = health.as_dict()
         paused = [{"timer": pause.timer, "since": pause.since.isoformat(), "by": pause.by, "reason": pause.reason}
                   for pause in pauses]
         if as_json:
-            self.stdout.write(json.dumps({**figures, "paused": paused, "storage": storage.as_dict()}))
+            housekeeping = None if runs is None else {job: None if run is None else run.as_dict()
+                                                      for job, run in runs.items()}
+            self.stdout.write(json.dumps({**figures, "paused": paused, "storage": storage.as_dict(),
+                                          "housekeeping": housekeeping}))
             return
         for pause in pauses:
             self.stdout.write(f"PAUSED {pause.timer} since {pause.since:%Y-%m-%d %H:%M:%S %Z} by {pause.by}: "
@@ -168,6 +179,16 @@ class Command(BaseCommand):
                 shown = "not counted (--no-drift)" if value is None else value
                 self.stdout.write(f"  {key.replace('_', ' '):<{width}}  {shown}")
         self._print_storage(storage)
+        self._print_housekeeping(runs)
+
+    def _print_housekeeping(self, runs: dict[str, LastRun | None] | None) -> None:
+        """When the scan and the prune last ran, where, how long and what they did."""
+        self.stdout.write("\nhousekeeping (last runs, by the database's clock)")
+        if runs is None:
+            self.stdout.write("  not known: Redis cannot be reached")
+            return
+        for job, run in runs.items():
+            self.stdout.write(f"  {job:<6} {describe_run(run)}")
 
     def _print_storage(self, storage: Storage) -> None:
         """The app's tables: estimated rows, size, how long their rows are kept, what the prune took."""
@@ -205,3 +226,31 @@ def _kept(name: str, table: TableStorage) -> str:
     if table.retention_seconds is None:
         return "kept for ever (retention None)"
     return f"kept {table.retention_seconds / 86400:g} days once done, {table.deleted_total:,} pruned so far"
+
+
+def describe_run(run: LastRun | None) -> str:
+    """One line: when a job last ran, for how long, where, and what it did."""
+    if run is None:
+        return "never ran (or Redis lost its record)"
+    if run.ended is None:
+        state = "running (or its runner died: another takes it over once its lock lapses)"
+    else:
+        state = f"took {run.elapsed_ms:,} ms, {'complete' if run.complete else 'stopped early'}"
+    figures = ", ".join(f"{name.replace('_', ' ')} {value:,}" if isinstance(value, int) else f"{name} {value}"
+                        for name, value in run.figures.items())
+    return (f"started {run.started:%Y-%m-%d %H:%M:%S} UTC ({run.age_seconds:,.0f}s ago) by {run.runner} "
+            f"on {run.where}: {state}" + (f"; {figures}" if figures else ""))
+
+
+def _scan_too_old(runs: dict[str, LastRun | None] | None, limit: float | None) -> list[str]:
+    if limit is None:
+        return []
+    if runs is None:
+        return [f"the last scan is not known (Redis cannot be reached) and --max-scan-age is {limit:g}"]
+    scan = runs.get("scan")
+    if scan is None or scan.complete_age_seconds is None:
+        return [f"no complete compensation scan is recorded > --max-scan-age {limit:g}"]
+    if scan.complete_age_seconds > limit:
+        return [f"the last complete compensation scan started {scan.complete_age_seconds:,.0f}s ago "
+                f"> --max-scan-age {limit:g}"]
+    return []

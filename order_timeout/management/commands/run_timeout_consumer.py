@@ -12,6 +12,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from order_timeout.checks import TAG as OWN_CHECKS
 from order_timeout.conf import MAX_BATCH_SIZE
 from order_timeout.consumer import Consumer
 from order_timeout.exceptions import ImmediateShutdown, OrderTimeoutError
@@ -55,6 +56,11 @@ def port(text: str) -> int:
 class Command(BaseCommand):
     help = ("Close unpaid orders as their deadlines pass (claim -> close -> ack, until stopped). "
             "Exits 75 when a receiver keeps its thread after its batch was given up: restart it.")
+    # The app's own checks (its settings, the order model, the Redis alias), not the whole
+    # project's: a worker starts often (deploys, restarts after a crash), and the rest (the
+    # admin's, the URLs', the templates') concern the web process, which runs them itself. On the
+    # test project this is 0.6 s of a 2.3 s start.
+    requires_system_checks = [OWN_CHECKS]
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--once", action="store_true",
@@ -63,6 +69,9 @@ class Command(BaseCommand):
                             help="Members claimed per batch (default: ORDER_TIMEOUT['BATCH_SIZE']).")
         parser.add_argument("--max-wait", type=seconds, default=None,
                             help="Longest idle sleep in seconds (default: ORDER_TIMEOUT['MAX_WAIT']).")
+        parser.add_argument("--no-housekeeping", action="store_true",
+                            help="Leave the compensation scan and the prune to the other consumers (or "
+                                 "Celery beat): for a consumer on a host that must not read whole tables.")
         parser.add_argument("--metrics-port", type=port, default=None,
                             help="Serve Prometheus metrics (this consumer's counters and the "
                                  "backlog) on this port; needs the 'metrics' extra.")
@@ -76,7 +85,8 @@ class Command(BaseCommand):
         serving = options["metrics_port"] is not None
         try:
             consumer = Consumer(batch_size=options["batch_size"], max_wait=options["max_wait"],
-                                exit_when_stuck=True, metrics=ConsumerMetrics(enabled=serving))
+                                exit_when_stuck=True, metrics=ConsumerMetrics(enabled=serving),
+                                housekeeping=not options["no_housekeeping"])
         except ImproperlyConfigured as exc:
             raise CommandError(f"Refusing to start: {exc}") from exc
         if options["metrics_port"] is not None:
