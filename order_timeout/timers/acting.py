@@ -184,6 +184,11 @@ def _act_outside(kind: Kind, keys: Sequence[Key], stopping: Callable[[], bool],
     except Exception as exc:
         if not _database_answers(connections[using]):
             raise _unreachable(exc)  # noqa: B904 (_unreachable chains the cause itself)
+        if stopping():
+            # Given up for time in its transaction: the guard ended the session (the error is that
+            # ending), nothing was delivered, and its keys are handed over, as an act in one
+            # transaction abandons them.
+            return Outcome(abandoned=list(keys))
         raise
     if due:
         assert outcome.db_now is not None
