@@ -23,6 +23,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -31,9 +32,12 @@ from typing import Any
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
 
 FULL_ROWS = 1_000_000
-# The steady row: orders a second, for this many seconds, falling due this long after the
-# consumers start (their housekeeping thread takes its turn within its first second).
-RATE, SECONDS, LEAD_SECONDS = 300, 30, 3.0
+# The steady row: orders a second, falling due this long after the orders are written (the
+# consumers started, and their housekeeping thread took its turn within its first second).
+RATE, LEAD_SECONDS = 500, 1.0
+# The row lasts this share of a scan's length (measured once, alone, before the rounds), less the
+# seconds the consumers take to start and the row to be written: the scan runs beside all of it.
+ROW_SHARE_OF_SCAN, ROW_STARTS_AFTER = 0.6, 6.0
 # The consumers' COMPENSATION_INTERVAL in both modes: its healing horizon (twice the interval, plus
 # the grace) holds the whole table, whose deadlines start this far ahead and never fall due here.
 INTERVAL_SECONDS = 3600
@@ -106,13 +110,28 @@ def one_run(mode: str, sizes: Any, seconds: float) -> dict[str, Any]:
             "closers_logs": None if not system.errors else str(record_dir)}
 
 
+def scan_alone() -> float:
+    """Seconds one heal scan over the table takes with nothing else running (and the table and its
+    index in memory for the rounds, as bench/scan.py's warm-up does)."""
+    from order_timeout.scans.compensation import CompensationScan
+
+    began = time.perf_counter()
+    CompensationScan(heal=True).run()
+    return time.perf_counter() - began
+
+
+def row_seconds(scan_seconds: float) -> float:
+    return max(2.0, ROW_SHARE_OF_SCAN * scan_seconds - ROW_STARTS_AFTER)
+
+
 def table_still_open(rows: int) -> int:
     from order_timeout.models import Order
 
     return Order.objects.filter(Order.unpaid_q(), pk__lte=rows).count()
 
 
-def measure(rows: int, rounds: int, rate: int, seconds: float) -> list[dict[str, Any]]:
+def measure(rows: int, rounds: int, rate: int, seconds: float | None) -> tuple[list[dict[str, Any]], float, float]:
+    """The rounds' runs, the scan's length alone and the row's length."""
     from django.utils import timezone
 
     from order_timeout.models import Order
@@ -123,6 +142,9 @@ def measure(rows: int, rounds: int, rate: int, seconds: float) -> list[dict[str,
     scan.insert_orders(rows, timezone.now() + TABLE_DUE_IN, PER_DEADLINE)
     scan.schedule_all()
     workloads.keep_statistics(Order)
+    alone = scan_alone()
+    seconds = seconds or row_seconds(alone)
+    print(f"  a scan alone: {alone:.1f} s; the steady row: {rate} orders/s for {seconds:.1f} s", flush=True)
     sizes = replace(workloads.QUICK, steady_rate=rate, steady_seconds=seconds, lead_seconds=LEAD_SECONDS,
                     cap_seconds=60)
     runs = []
@@ -139,7 +161,7 @@ def measure(rows: int, rounds: int, rate: int, seconds: float) -> list[dict[str,
     scan.empty_tables()
     for run in runs:
         run["table_open_after"] = open_after
-    return runs
+    return runs, alone, seconds
 
 
 def verdict(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -194,8 +216,9 @@ def markdown(results: list[dict[str, Any]]) -> str:
         lines.append(f"| {result['database']} | {v['median_without_ms']:.1f} ms | {v['median_with_ms']:.1f} ms "
                      f"| {v['ratio']:.2f}x | {v['noise']:.2f}x | {'yes' if v['within_noise'] else 'NO'} |")
     first = results[0]
-    lines += ["", f"Run: {first['commit']}, {first['date']}, {first['rate']} orders/s for {first['seconds']:g} s "
-                  f"a run, {first['rounds']} rounds, 2 consumers (batch 500), COMPENSATION_INTERVAL "
+    lines += ["", f"Run: {first['commit']}, {first['date']}, {first['rate']} orders/s for {first['seconds']:.1f} s "
+                  f"a run, {first['rounds']} rounds, 2 consumers (batch 500), a scan alone "
+                  f"{first['scan_alone_s']:.1f} s, COMPENSATION_INTERVAL "
                   f"{INTERVAL_SECONDS} s, {first['cpus']} CPUs ({first['cpu']})"]
     return "\n".join(lines)
 
@@ -221,8 +244,9 @@ def main(argv: list[str]) -> int:
                         help=f"Open orders the scan reads (default {FULL_ROWS:,}; fewer for a quick run).")
     parser.add_argument("--rounds", type=int, default=3, help="Rounds of both runs (default 3).")
     parser.add_argument("--rate", type=int, default=RATE, help=f"The steady row's orders a second ({RATE}).")
-    parser.add_argument("--seconds", type=float, default=SECONDS,
-                        help=f"How long the steady row falls due ({SECONDS} s): shorter than the scan.")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help=f"How long the steady row falls due (default: {ROW_SHARE_OF_SCAN:g} of a scan's "
+                             f"length alone, less {ROW_STARTS_AFTER:g} s): shorter than the scan.")
     parser.add_argument("--out", type=Path, default=Path("bench/out/housekeeping"))
     parser.add_argument("--report", action="store_true",
                         help="Only print the results already in --out, every database side by side.")
@@ -232,6 +256,8 @@ def main(argv: list[str]) -> int:
     if args.rounds < 2:
         parser.error("--rounds must be at least 2: the noise is the spread between rounds")
 
+    # The consumers' interval, for the harness's own scan too (its healing horizon holds the table).
+    os.environ["ORDER_TIMEOUT_COMPENSATION_INTERVAL"] = str(INTERVAL_SECONDS)
     import django
 
     django.setup()
@@ -257,11 +283,12 @@ def main(argv: list[str]) -> int:
     call_command("migrate", verbosity=0)
     database = scan.database_name()
     print(f"{database}: steady closes beside a scan over {args.rows:,} open rows", flush=True)
-    runs = measure(args.rows, args.rounds, args.rate, args.seconds)
+    runs, alone, seconds = measure(args.rows, args.rounds, args.rate, args.seconds)
     client.flushdb()
     ownership.keep_mark(client)
     result = {"database": database, "commit": scan.commit(), "date": datetime.now(UTC).date().isoformat(),
-              "rows": args.rows, "rounds": args.rounds, "rate": args.rate, "seconds": args.seconds,
+              "rows": args.rows, "rounds": args.rounds, "rate": args.rate, "seconds": seconds,
+              "scan_alone_s": alone,
               "cpus": os.cpu_count(), "cpu": scan.cpu_model(), "runs": runs, "verdict": verdict(runs)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{connection.vendor}.json").write_text(json.dumps(result, indent=2))
