@@ -30,6 +30,17 @@ if TYPE_CHECKING:
     from .models import RefusedWriteQuerySet
 
 
+def _registered(*models: type[Model]) -> Any:
+    """``admin.register``, where Django's admin is installed: importing this module never needs it
+    (a shop without ``django.contrib.admin`` handles refused writes with ``order_timeout_refused``)."""
+    def register(admin_class: type[admin.ModelAdmin[Any]]) -> type[admin.ModelAdmin[Any]]:
+        if apps.is_installed("django.contrib.admin"):
+            admin.site.register(models, admin_class)
+        return admin_class
+
+    return register
+
+
 class OverdueFilter(admin.SimpleListFilter):
     """Unpaid orders past their deadline: what the consumer or the scan should have closed."""
 
@@ -127,7 +138,7 @@ class TimeoutOrderAdmin(TimeoutOrderAdminMixin, admin.ModelAdmin):
 # Shops with their own order model register it themselves (see docs/existing-model.md).
 # Read when the admin is autodiscovered, after settings are loaded and checked.
 if settings.closes_orders() and get_order_model() is Order:
-    admin.site.register(Order, TimeoutOrderAdmin)
+    _registered(Order)(TimeoutOrderAdmin)
 
 
 class ResolvedFilter(admin.SimpleListFilter):
@@ -179,7 +190,7 @@ def _report(modeladmin: admin.ModelAdmin, request: HttpRequest, counts: Counter[
                                 messages.INFO)
 
 
-@admin.register(DeadLetter)
+@_registered(DeadLetter)
 class DeadLetterAdmin(admin.ModelAdmin):
     list_display = ("order_id", "order_model", "timer", "attempts", "error_type", "last_failed_at",
                     "first_failed_at", "resolution", "resolved_by", "resolved_at")
@@ -244,15 +255,17 @@ class HandledFilter(admin.SimpleListFilter):
     parameter_name = "handled"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        return [("no", _("Waiting for staff")), ("yes", _("Handled"))]
+        return [("no", _("Waiting for staff")), ("yes", _("Handled")), ("itself", _("Settled by itself"))]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[RefusedWrite]) -> QuerySet[RefusedWrite]:
         if self.value() in ("yes", "no"):
             return queryset.filter(handled_at__isnull=self.value() == "no")
+        if self.value() == "itself":
+            return queryset.exclude(settled_how="")
         return queryset
 
 
-@admin.register(RefusedWrite)
+@_registered(RefusedWrite)
 class RefusedWriteAdmin(admin.ModelAdmin):
     """The writes the app refused over a deadline's act, for staff to act on: a payment after its order
     closed, a stale copy's save over an acted-on row. The shop's own code may have taken the money (or
@@ -263,10 +276,11 @@ class RefusedWriteAdmin(admin.ModelAdmin):
     here (the prune deletes the handled ones after ``DEAD_LETTER_RETENTION``).
     """
 
-    list_display = ("at", "row", "model", "timer", "refusal", "values", "handled_at", "handled_by")
+    list_display = ("at", "row", "model", "timer", "refusal", "values", "handled_at", "handled_by", "handled_note",
+                    "settled_how")
     list_filter = (HandledFilter, "refusal", "timer", "model", "at")
     list_select_related = ("handled_by",)
-    search_fields = ("=object_id",)
+    search_fields = ("=object_id", "=public_name")
     date_hierarchy = "at"
     actions = ["mark_handled"]
     readonly_fields = [field.name for field in RefusedWrite._meta.fields]
@@ -281,11 +295,13 @@ class RefusedWriteAdmin(admin.ModelAdmin):
         # The change permission is the action's; a row's own page is for reading.
         return obj is None and super().has_change_permission(request)
 
-    @admin.display(description=_("object id"), ordering="object_id")
+    @admin.display(description=_("name"), ordering="public_name")
     def row(self, refused: RefusedWrite) -> str:
-        """The refused row, linked to its page in this admin where it has one."""
+        """The refused row by the name its clients know (its key by default), linked to its page in
+        this admin where it has one."""
+        name = refused.public_name or refused.object_id
         url = _change_url(self.admin_site, refused.model, refused.object_id)
-        return format_html('<a href="{}">{}</a>', url, refused.object_id) if url else refused.object_id
+        return format_html('<a href="{}">{}</a>', url, name) if url else name
 
     @admin.action(description=_("Mark handled (refunded, or put right by staff)"), permissions=["change"])
     def mark_handled(self, request: HttpRequest, queryset: RefusedWriteQuerySet) -> None:
@@ -326,7 +342,7 @@ class ViewOnlyAdmin(admin.ModelAdmin):
         return False
 
 
-@admin.register(Reminder)
+@_registered(Reminder)
 class ReminderAdmin(ViewOnlyAdmin):
     """The reminders done: which order, how long before which deadline, sent or passed over. Read-only:
     the rows are what keeps a reminder from going out twice."""
@@ -341,7 +357,7 @@ class ReminderAdmin(ViewOnlyAdmin):
         return reminder.lead_ms / 1000
 
 
-@admin.register(Deadline)
+@_registered(Deadline)
 class DeadlineAdmin(ViewOnlyAdmin):
     """The deadlines of rows of models the shop cannot change, one per declared timer and row. Read-only:
     ``timer.set_deadline()`` writes them, in step with Redis."""
@@ -352,7 +368,7 @@ class DeadlineAdmin(ViewOnlyAdmin):
     date_hierarchy = "expires_at"
 
 
-@admin.register(Notice)
+@_registered(Notice)
 class NoticeAdmin(ViewOnlyAdmin):
     """The notices, delivered or not. Read-only: ``notify()`` writes them in the shop's transactions
     and the consumers deliver them; one that kept failing is a dead letter, requeued or dropped
@@ -373,7 +389,7 @@ class NoticeAdmin(ViewOnlyAdmin):
         return [name for name in fields if name not in self.private_fields]
 
 
-@admin.register(Pause)
+@_registered(Pause)
 class PauseAdmin(ViewOnlyAdmin):
     """Every pause and its resume, newest first: which timer, paused when, by whom and why, resumed when
     and by whom, and what was given back. Read-only: the record of what staff did in an outage is
@@ -402,7 +418,7 @@ class PauseAdmin(ViewOnlyAdmin):
         return None if row.given_back_seconds is None else round(row.given_back_seconds, 1)
 
 
-@admin.register(QueueEpoch)
+@_registered(QueueEpoch)
 class QueueEpochAdmin(ViewOnlyAdmin):
     """Each queue's epoch, and how often a consumer rebuilt it after Redis lost it."""
 
@@ -410,7 +426,7 @@ class QueueEpochAdmin(ViewOnlyAdmin):
     ordering = ("queue",)
 
 
-@admin.register(TimeoutOverview)
+@_registered(TimeoutOverview)
 class TimeoutOverviewAdmin(ViewOnlyAdmin):
     """The "Order timeouts" page: how the queue is doing, for staff with its view permission.
 

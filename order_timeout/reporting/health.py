@@ -14,10 +14,11 @@ from django.db import router
 from django.utils import timezone
 
 from ..conf import settings
-from ..models import DeadLetter, RefusedWrite, TimeoutOrderMixin
+from ..models import DeadLetter, TimeoutOrderMixin
 from ..ordermodel import get_order_model
 from ..queue import QueueStats, TimeoutQueue
 from ..queue.keys import REMIND
+from ..scans.refusals import still_waiting
 from ..timers.closes import OrderTimeout
 from ..timers.kind import Kind
 from ..timers.members import now_score
@@ -157,8 +158,9 @@ def measure(now: datetime | None = None, *, model: type[TimeoutOrderMixin] | Non
 
 def open_refused_writes() -> int:
     """Refused writes waiting for staff (along the ``handled_at`` index): a figure of the database
-    alone, so a face can show it when Redis cannot be read."""
-    return RefusedWrite.objects.open().count()
+    alone, so a face can show it when Redis cannot be read. Not those whose rows reached what they
+    tried since (the shop's own late payment went through): they settled by themselves."""
+    return still_waiting()
 
 
 def _timer(timer: Kind, queue: TimeoutQueue, now: datetime, *, drift: bool) -> TimerHealth:

@@ -35,6 +35,7 @@ from ..queue import TimeoutQueue
 from ..queue.housekeeping import HELD, NOT_DUE, TAKEN, Housekeeping
 from ..redaction import one_line
 from ..timers.members import now_score
+from . import refusals
 from .compensation import CompensationScan, ScanResult
 from .pruning import Prune, PruneResult
 
@@ -126,11 +127,22 @@ def run_scan(runner: str, *, due_only: bool = True, stop: threading.Event | None
     try:
         result = CompensationScan(heal=True, held_lock=turn.token, stop=stop, exit_when_stuck=exit_when_stuck,
                                   **options).run()
+        if not (result.lock_lost or result.stopped or options.get("dry_run")):
+            _settle_refused_writes()
     finally:
         # A scan that raised (the database gone) is not complete: the next turn runs it again at once.
         turn.end(complete=result is not None and not (result.lock_lost or result.stopped or turn.lost),
                  figures={} if result is None else scan_figures(result))
     return result
+
+
+def _settle_refused_writes() -> None:
+    """After the scan: the refused writes whose rows reached what they tried, marked settled by
+    themselves (scans/refusals.py). A failure is logged: the scan's turn stands."""
+    try:
+        refusals.settle()
+    except DatabaseError as error:
+        logger.warning("refused writes not settled this turn (%s: %s)", type(error).__name__, one_line(error))
 
 
 def run_prune(runner: str, *, due_only: bool = True, budget: float | None = None,
