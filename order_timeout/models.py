@@ -142,6 +142,10 @@ class TimeoutOrderMixin(models.Model):
     TIMEOUT_PAID_STATUS: ClassVar[str] = "paid"
     # What a timeout close writes.
     TIMEOUT_CLOSED_STATUS: ClassVar[str] = "closed"
+    # The field that names an order to people and API clients (an order code, a number): what a
+    # refusal's message and 409, a refused write, its log line and the admin call the order. None:
+    # the primary key. For a name computed from several fields, override ``timeout_public_name()``.
+    TIMEOUT_PUBLIC_NAME: ClassVar[str | None] = None
 
     expires_at = models.DateTimeField(
         _("payment deadline"), null=True, blank=True,
@@ -165,6 +169,12 @@ class TimeoutOrderMixin(models.Model):
     def timeout_status(self) -> Any:
         """The value of the model's own status field."""
         return getattr(self, self.TIMEOUT_STATUS_FIELD)
+
+    def timeout_public_name(self) -> str:
+        """The order as people and API clients know it: ``TIMEOUT_PUBLIC_NAME``'s value, or the
+        primary key."""
+        field = self.TIMEOUT_PUBLIC_NAME
+        return str(self.pk if field is None else getattr(self, field))
 
     @property
     def is_unpaid(self) -> bool:
@@ -330,8 +340,8 @@ class TimeoutOrderMixin(models.Model):
         new = self.timeout_status
         if new == current:
             return
-        name = f"{type(self).__name__} {self.pk!r}"
         row = self._refusal_names()
+        name = f"{type(self).__name__} {row['public_name']}"
         unpaid = self.TIMEOUT_UNPAID_STATUSES
         if new in unpaid and current not in unpaid and current not in self.TIMEOUT_DRAFT_STATUSES \
                 and not self._never_scheduled((current, deadline, closed_at)):
@@ -357,8 +367,9 @@ class TimeoutOrderMixin(models.Model):
                 f"refusing to move it to {new!r}.", **row)
 
     def _refusal_names(self) -> dict[str, Any]:
-        """What a refusal of this row's write carries: its model, its key, and the close."""
-        return {"model_label": self._meta.label, "pk": self.pk, "timer": CLOSE_TIMER}
+        """What a refusal of this row's write carries: its model, its key, its public name, and the close."""
+        return {"model_label": self._meta.label, "pk": self.pk, "timer": CLOSE_TIMER,
+                "public_name": self.timeout_public_name()}
 
     # -- payment and deadline ------------------------------------------------
 
@@ -386,7 +397,8 @@ class TimeoutOrderMixin(models.Model):
         setattr(self, self.TIMEOUT_STATUS_FIELD, current)
         self._remember_db_state()
         if current == self.TIMEOUT_CLOSED_STATUS:
-            raise OrderClosed(f"{type(self).__name__} {self.pk!r} was already closed.", **self._refusal_names())
+            names = self._refusal_names()
+            raise OrderClosed(f"{type(self).__name__} {names['public_name']} was already closed.", **names)
         return False
 
     def mark_paid(self, **fields: Any) -> bool:
@@ -728,10 +740,11 @@ class RefusedWriteQuerySet(models.QuerySet["RefusedWrite"]):
         """Not handled yet: what waits for staff (along the ``handled_at`` index)."""
         return self.filter(handled_at__isnull=True)
 
-    def mark_handled(self, by: Any, at: datetime) -> int:
-        """Mark the open ones among these handled by ``by`` (a user, or None) at ``at``; how many.
-        Conditional on still open, so two staff marking the same row at once mark it once."""
-        return self.open().update(handled_at=at, handled_by=by)
+    def mark_handled(self, by: Any, at: datetime, note: str = "") -> int:
+        """Mark the open ones among these handled by ``by`` (a user, or None) at ``at``, with ``note``
+        (what was done: a refund's reference); how many. Conditional on still open, so two staff
+        marking the same row at once mark it once."""
+        return self.open().update(handled_at=at, handled_by=by, handled_note=note[:500])
 
 
 class RefusedWrite(models.Model):
@@ -747,6 +760,9 @@ class RefusedWrite(models.Model):
 
     model = models.CharField(_("model"), max_length=100)
     object_id = models.CharField(_("object id"), max_length=64)
+    # The row as people and API clients know it (``TIMEOUT_PUBLIC_NAME``, ``Timer.public_name``):
+    # the primary key by default. db_default: a 0.3 process still running writes its rows without it.
+    public_name = models.CharField(_("name"), max_length=200, blank=True, default="", db_default="")
     # The timer whose act the write would have undone: "close" for the order close.
     timer = models.CharField(_("timer"), max_length=64)
     refusal = models.CharField(_("refusal"), max_length=32, choices=Refusal.choices)
@@ -756,6 +772,12 @@ class RefusedWrite(models.Model):
     handled_at = models.DateTimeField(_("handled at"), null=True, blank=True)
     handled_by = models.ForeignKey(django_settings.AUTH_USER_MODEL, verbose_name=_("handled by"), null=True,
                                    blank=True, on_delete=models.SET_NULL, related_name="+")
+    # What staff did (a refund's reference), from the admin's action or ``order_timeout_refused``.
+    handled_note = models.CharField(_("note"), max_length=500, blank=True, default="", db_default="")
+    # Set when the row reached what the refused write tried to write by another path (the shop's
+    # own late payment): handled by itself at ``handled_at``, with no one in ``handled_by``.
+    settled_how = models.CharField(_("settled by itself"), max_length=255, blank=True, default="",
+                                   db_default="")
 
     objects = RefusedWriteQuerySet.as_manager()
 
@@ -770,7 +792,11 @@ class RefusedWrite(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.model} {self.object_id}: {self.get_refusal_display()}"
+        return f"{self.model} {self.public_name or self.object_id}: {self.get_refusal_display()}"
+
+    @property
+    def settled_by_itself(self) -> bool:
+        return bool(self.settled_how)
 
     @property
     def is_handled(self) -> bool:
@@ -784,13 +810,18 @@ class RefusedWrite(models.Model):
         Never raises: a refusal that cannot be recorded is still the caller's refusal, and is
         logged instead (one line, ERROR)."""
         row = cls(model=refusal.model_label or "", object_id=str(refusal.pk)[:64], timer=refusal.timer or "",
+                  public_name=(refusal.public_name or "")[:200],
                   refusal=cls.Refusal.PAID_AFTER_CLOSE if isinstance(refusal, OrderClosed) else cls.Refusal.STALE_SAVE,
                   values=json_safe(values))
         try:
             insert_apart(row, router.db_for_write(cls))
         except Exception as error:  # noqa: BLE001 - whatever it is, the caller gets its refusal
-            logger.error("refused write not recorded (%s %s, timer %s, %s): %s: %s", row.model, row.object_id,
+            logger.error("refused write not recorded (%s %s, timer %s, %s): %s: %s", row.model, row.public_name,
                          row.timer, row.refusal, type(error).__name__, one_line(masked(error)))
+            return
+        refusal.refused_write_id = row.pk
+        logger.warning("refused write #%s recorded for staff: %s %s (pk %s), timer %s, %s", row.pk, row.model,
+                       row.public_name, row.object_id, row.timer, row.refusal)
 
 
 class _LenientEncoder(DjangoJSONEncoder):

@@ -17,6 +17,7 @@ from django.forms import modelform_factory
 from django.urls import reverse
 from django.utils import timezone
 
+from order_timeout.models import RefusedWrite
 from order_timeout.exceptions import OrderClosed, OrderTimeoutError, StaleOrderStatus
 from order_timeout.timers.registry import registry
 from testproject.saleorlike.expiry import UnconfirmedOrderExpires
@@ -35,7 +36,10 @@ def test_a_refusal_is_a_validation_error_with_the_code_every_framework_knows(ref
     assert isinstance(error, ValidationError) and isinstance(error, OrderTimeoutError)
     assert (error.code, error.reason) == ("invalid", reason)
     assert error.messages == ["Order 7 was closed by its deadline; it cannot be paid now."]
-    assert str(error) == "Order 7 was closed by its deadline; it cannot be paid now."
+    assert error.message_alone == "Order 7 was closed by its deadline; it cannot be paid now."
+    # str(): what was and was not written, too (a log line, a message shown to staff).
+    assert str(error) == ("Order 7 was closed by its deadline; it cannot be paid now. This write was not made; "
+                          "what was committed before it stands unless its transaction is rolled back.")
 
 
 def closed_shop_order() -> ShopOrder:
@@ -84,8 +88,11 @@ def test_a_save_that_loses_the_race_in_the_admin_is_a_message_not_a_server_error
     response = admin_client.post(url, change_form(order, status="Paid"), follow=True)
 
     assert response.status_code == 200 and response.redirect_chain == [(url, 302)]
+    refused = RefusedWrite.objects.get(object_id=str(order.pk))
     assert [str(message) for message in response.context["messages"]] == [
-        f"ShopOrder {order.pk!r} was closed by its deadline; it cannot be paid now."]
+        f"ShopOrder {order.number} was closed by its deadline; it cannot be paid now. This write was not made; what "
+        f"was committed before it stands unless its transaction is rolled back. Refused write #{refused.pk} "
+        "records it for staff."]
     assert ShopOrder.objects.get(pk=order.pk).status == "Pending"  # nothing written: rolled back
 
 
@@ -95,7 +102,7 @@ def test_a_model_form_paying_a_closed_order_is_invalid_with_the_refusal(order_mo
     form = modelform_factory(ShopOrder, fields=["status"])(instance=order, data={"status": "Paid"})
 
     assert not form.is_valid()
-    assert form.non_field_errors() == [f"ShopOrder {order.pk!r} was closed by its deadline; it cannot be paid now."]
+    assert form.non_field_errors() == [f"ShopOrder {order.number} was closed by its deadline; it cannot be paid now."]
 
 
 @pytest.fixture

@@ -129,14 +129,18 @@ def test_the_refusal_names_its_order_and_timer_for_whoever_catches_it(make_order
 
 @pytest.mark.parametrize("refusal", [OrderClosed, StaleOrderStatus])
 def test_a_refusal_keeps_its_order_and_timer_through_pickling_and_older_callers_get_none(refusal):
-    named = refusal("Order 7 was already closed.", model_label="order_timeout.Order", pk=7, timer="close")
+    named = refusal("Order A-7 was already closed.", model_label="order_timeout.Order", pk=7, timer="close",
+                    public_name="A-7")
+    named.refused_write_id = 12
     bare = refusal("Order 7 was already closed.")
 
     copy = pickle.loads(pickle.dumps(named))
 
-    assert (type(copy), str(copy), copy.model_label, copy.pk, copy.timer) == (
-        refusal, "Order 7 was already closed.", "order_timeout.Order", 7, "close")
-    assert (bare.model_label, bare.pk, bare.timer) == (None, None, None)
+    assert (type(copy), str(copy), copy.model_label, copy.pk, copy.timer, copy.public_name, copy.refused_write_id) == (
+        refusal, str(named), "order_timeout.Order", 7, "close", "A-7", 12)
+    assert str(copy).startswith("Order A-7 was already closed. This write was not made;")
+    assert str(copy).endswith(" Refused write #12 records it for staff.")
+    assert (bare.model_label, bare.pk, bare.timer, bare.public_name, bare.refused_write_id) == (None,) * 5
 
 
 def test_a_paid_order_answers_false_and_records_nothing(make_order):

@@ -24,7 +24,7 @@ class CannotWriteApart(Exception):
 
 def insert_apart(row: models.Model, using: str) -> None:
     """INSERT ``row`` (new, its primary key left to the database) so that it stays whatever becomes
-    of the caller's transaction on ``using``. Its signals are not sent, and ``row.pk`` stays unset."""
+    of the caller's transaction on ``using``. Its signals are not sent; ``row.pk`` is set."""
     own = connections[using]
     if not own.in_atomic_block and own.get_autocommit():
         _insert(row, own)
@@ -46,4 +46,6 @@ def _insert(row: models.Model, connection: BaseDatabaseWrapper) -> None:
               if field is not meta.auto_field and not getattr(field, "generated", False)]
     query = InsertQuery(type(row))
     query.insert_values(fields, [row])
-    query.get_compiler(connection=connection).execute_sql()
+    returned = query.get_compiler(connection=connection).execute_sql(returning_fields=[meta.pk])
+    if returned and returned[0]:
+        row.pk = returned[0][0]

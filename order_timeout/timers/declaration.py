@@ -91,6 +91,12 @@ class Timer:
         stops waiting (``row.status == "unconfirmed"``)."""
         return True
 
+    def public_name(self, row: Any) -> str:
+        """How ``row`` is named to people and API clients (an order code, a number): in a refusal's
+        message and 409 body, its refused write, its log line and the admin. The primary key by
+        default."""
+        return str(row.pk)
+
     def deadline_for(self, row: Any) -> datetime | None:
         """For a timer whose deadlines live in the app's table (``deadline = None``): the deadline
         a row gets when a save makes it wait (created waiting, or moved into ``waits``). None, the

@@ -247,12 +247,13 @@ def _guarding(timer: Kind) -> Any:
             instance.__dict__.pop(UPDATE_HOOK, None)
             updated = type(instance)._do_update(instance, base_qs.filter(unacted), *args, **kwargs)
             if not updated and base_qs.filter(pk=instance.pk).exists():
+                public_name = timer.public_name(instance)
                 refusal = StaleOrderStatus(
-                    f"{sender.__name__} {instance.pk!r} was acted on by its timer {timer.name!r} "
+                    f"{sender.__name__} {public_name} was acted on by its timer {timer.name!r} "
                     f"({', '.join(f'{name}={value!r}' for name, value in written.items())}) after this copy "
                     "was read; refusing to write over it. Read the row again: an acted-on row takes the "
                     "shop's own path (a late payment, a reopening).",
-                    model_label=sender._meta.label, pk=instance.pk, timer=timer.name)
+                    model_label=sender._meta.label, pk=instance.pk, timer=timer.name, public_name=public_name)
                 RefusedWrite.record(refusal, _tried(instance, acted_fields, update_fields))
                 raise refusal
             return updated
@@ -276,11 +277,12 @@ def _guard(timer: Kind) -> Any:
         using = kwargs.get("using") or router.db_for_write(sender, instance=instance)
         current = sender._base_manager.db_manager(using).filter(pk=instance.pk).values(*written).first()
         if current is not None and current == written:
+            public_name = timer.public_name(instance)
             refusal = OrderClosed(
-                f"{str(sender._meta.verbose_name).capitalize()} {instance.pk} was acted on at its deadline (its "
+                f"{str(sender._meta.verbose_name).capitalize()} {public_name} was acted on at its deadline (its "
                 f"timer {timer.name!r} wrote {', '.join(f'{name} {value!r}' for name, value in written.items())}) "
                 "and can no longer be moved away from that.",
-                model_label=sender._meta.label, pk=instance.pk, timer=timer.name)
+                model_label=sender._meta.label, pk=instance.pk, timer=timer.name, public_name=public_name)
             RefusedWrite.record(refusal, _tried(instance, acted_fields, update_fields))
             raise refusal
 

@@ -73,6 +73,11 @@ class Kind:
         """Whether a row in hand may still be acted on (its loaded fields; the lock decides)."""
         return True
 
+    def public_name(self, row: Any) -> str:
+        """The row as people and API clients know it (a refusal's message, a refused write)."""
+        public = getattr(row, "timeout_public_name", None)
+        return str(public()) if callable(public) else str(row.pk)
+
     # -- how the lifecycle reads it (the app's kinds override some) ---------------------------
 
     # The queue's kind of timer in Redis (the key namespace); the name unless a kind says so.
@@ -432,6 +437,9 @@ class Declared(Kind):
 
     def deadline_for(self, row: Any) -> datetime | None:
         return self.declaration.deadline_for(row)
+
+    def public_name(self, row: Any) -> str:
+        return str(self.declaration.public_name(row))
 
     @property
     def declares_fire(self) -> bool:

@@ -92,6 +92,10 @@ class ShopOrder(AbstractShopOrder, TimeoutOrderMixin):
     TIMEOUT_PAID_STATUS = "Paid"
     TIMEOUT_CLOSED_STATUS = "Cancelled"
 
+    def timeout_public_name(self) -> str:
+        # What its customers and its API call an order: its number, once it has one.
+        return self.number or str(self.pk)
+
     class Meta(AbstractShopOrder.Meta, TimeoutOrderMixin.Meta):
         indexes = [*AbstractShopOrder.Meta.indexes, *TimeoutOrderMixin.Meta.indexes]
 

@@ -31,6 +31,10 @@ class TicketOrderExpires(timers.Timer):
     def fire(self, orders: list[Any], now: datetime) -> None:
         expire_effects(orders)
 
+    def public_name(self, row: Any) -> str:
+        # Its API and its customers know an order by its code, never by its key.
+        return row.code
+
 
 class SeatHoldLapses(timers.Timer):
     name = "seat-hold-lapses"

@@ -19,6 +19,11 @@ class TicketOrder(models.Model):
     last_modified = models.DateTimeField(auto_now=True)
     amount = models.DecimalField(max_digits=10, decimal_places=2, default=Decimal("10.00"))
 
+    @property
+    def code(self) -> str:
+        """What the shop's API and its customers call the order (its URLs take the code)."""
+        return f"API{self.pk:04d}"
+
 
 class InvoiceState(models.TextChoices):
     OPEN = "open"
