@@ -49,6 +49,8 @@ if find_spec("celery") is not None and find_spec("django_celery_beat") is not No
 # framework is installed (the test dependency group has it); the app's refusals answer 409.
 if find_spec("rest_framework") is not None:
     INSTALLED_APPS.append("rest_framework")
+    # Token authentication, for the docs' blocks run against a project that uses it.
+    INSTALLED_APPS.append("rest_framework.authtoken")
     REST_FRAMEWORK = {"EXCEPTION_HANDLER": "order_timeout.contrib.rest_framework.exception_handler"}
 
 MIDDLEWARE = [

@@ -17,8 +17,8 @@ from django.forms import modelform_factory
 from django.urls import reverse
 from django.utils import timezone
 
-from order_timeout.models import RefusedWrite
 from order_timeout.exceptions import OrderClosed, OrderTimeoutError, StaleOrderStatus
+from order_timeout.models import RefusedWrite
 from order_timeout.timers.registry import registry
 from testproject.saleorlike.expiry import UnconfirmedOrderExpires
 from testproject.saleorlike.models import Channel, Order, OrderStatus

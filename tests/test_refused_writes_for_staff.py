@@ -142,6 +142,24 @@ def test_staff_list_the_open_refused_writes_with_a_link_to_each_row(admin_client
     assert f'<a href="{reverse("admin:order_timeout_order_change", args=[order.pk])}">{order.pk}</a>' in page.text
 
 
+def test_staff_see_each_row_by_the_name_its_clients_know_find_it_by_that_name_and_see_what_settled_it(
+        admin_client, make_order):
+    order = make_order(in_seconds=600)
+    named = RefusedWrite.objects.create(model="order_timeout.Order", object_id=str(order.pk), public_name="A-1001",
+                                        timer="close", refusal=RefusedWrite.Refusal.PAID_AFTER_CLOSE)
+    settled = RefusedWrite.objects.create(model="order_timeout.Order", object_id="98", timer="close",
+                                          refusal=RefusedWrite.Refusal.PAID_AFTER_CLOSE, handled_at=timezone.now(),
+                                          settled_how="status is now 'paid', what the refused write tried to write")
+
+    found = admin_client.get(reverse(CHANGELIST), {"q": "A-1001"})
+    by_itself = admin_client.get(reverse(CHANGELIST), {"handled": "itself"})
+
+    assert list(found.context["cl"].result_list) == [named]
+    assert f'<a href="{reverse("admin:order_timeout_order_change", args=[order.pk])}">A-1001</a>' in found.text
+    assert list(by_itself.context["cl"].result_list) == [settled]
+    assert "status is now &#x27;paid&#x27;, what the refused write tried to write" in by_itself.text
+
+
 @pytest.mark.parametrize(("query", "expected"), [
     ({"refusal": "stale_save"}, ["2"]), ({"timer": "ticket-order-expiry"}, ["2"]), ({"handled": "yes"}, ["3"]),
     ({"q": "1"}, ["1"]),

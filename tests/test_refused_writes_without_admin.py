@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import re
 import subprocess
@@ -92,6 +93,15 @@ def test_staff_list_the_open_refused_writes_by_the_name_the_shop_knows(expiring,
         "model": "tickets.TicketOrder", "object_id": str(order.pk), "name": order.code,
         "timer": "ticket-order-expiry", "refusal": "stale_save", "values": {"status": "paid"}, "state": "open"}
     assert (row["handled_at"], row["handled_by"], row["note"], row["settled_how"]) == (None, None, "", "")
+
+
+def test_the_log_line_names_the_refused_write_and_the_row_by_its_public_name(expiring, monkeypatch, caplog):  # noqa: F811
+    with caplog.at_level(logging.WARNING, logger="order_timeout"):
+        order = confirmed_after_expiry(expiring, monkeypatch)
+
+    row = RefusedWrite.objects.get(object_id=str(order.pk))
+    assert (f"refused write #{row.pk} recorded for staff: tickets.TicketOrder {order.code} (pk {order.pk}), "
+            "timer ticket-order-expiry, stale_save") in caplog.messages
 
 
 def test_staff_filter_by_timer_and_state(make_order, consumer, expiring, monkeypatch):  # noqa: F811

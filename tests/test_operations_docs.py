@@ -1,0 +1,65 @@
+"""docs/operations.md's ``order_timeout_refused`` session, run as written: each command the block
+shows, after the payment it describes, prints what the block says it prints (this run's ids and
+times in place of the docs')."""
+
+from __future__ import annotations
+
+import io
+import re
+import shlex
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+
+from order_timeout.exceptions import OrderClosed
+from order_timeout.models import RefusedWrite
+from testproject.shop.models import ShopOrder
+
+from .conftest import PROJECT_ROOT
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+DOC = PROJECT_ROOT / "docs" / "operations.md"
+MOMENT = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S+")
+
+
+def session() -> list[tuple[list[str], list[str]]]:
+    """(the command's arguments after ``python manage.py``, the lines it prints), in order."""
+    text = DOC.read_text()
+    section = text[text.index("### Refused writes without the admin"):]
+    block = re.search(r"```console\n(.*?)```", section, re.DOTALL)
+    assert block is not None
+    steps: list[tuple[list[str], list[str]]] = []
+    for line in block.group(1).splitlines():
+        if line.startswith("$ python manage.py "):
+            steps.append((shlex.split(line.removeprefix("$ python manage.py ")), []))
+        else:
+            steps[-1][1].append(line)
+    return steps
+
+
+def in_the_docs_terms(out: str, refused: RefusedWrite, order: ShopOrder) -> list[str]:
+    """This run's output with the docs' id (#7), primary key (1042) and moment."""
+    out = MOMENT.sub("2026-12-07 14:02:11 UTC", out)
+    out = out.replace(f"#{refused.pk} ", "#7 ").replace(f"(pk {order.pk})", "(pk 1042)")
+    return out.splitlines()
+
+
+def test_the_refused_writes_session_prints_what_the_docs_show(make_order: Any, consumer: Any, settings: Any):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "ORDER_MODEL": "shop.ShopOrder"}
+    order = ShopOrder.objects.create(number="A-1001", expires_at=make_order(in_seconds=-1).expires_at)
+    consumer().run(once=True)
+    with pytest.raises(OrderClosed):
+        ShopOrder.objects.get(pk=order.pk).mark_paid()
+    refused = RefusedWrite.objects.get(object_id=str(order.pk))
+    User.objects.create_user("ana", is_staff=True)
+    steps = session()
+    assert [args[0] for args, _ in steps] == ["order_timeout_refused"] * 3
+
+    for args, expected in steps:
+        out = io.StringIO()
+        call_command(*[arg.replace("7", str(refused.pk)) if arg == "7" else arg for arg in args], stdout=out)
+
+        assert in_the_docs_terms(out.getvalue(), refused, order) == expected, args
