@@ -29,7 +29,7 @@ from order_timeout.models import CLOSE_TIMER, RefusedWrite
 from order_timeout.timers.registry import registry
 from testproject.saleorlike.expiry import UnconfirmedOrderExpires
 from testproject.saleorlike.models import Channel, Order as SaleorOrder, OrderStatus
-from testproject.shop.models import OrderStatusChange
+from testproject.shop.models import OrderStatusChange, Purchase
 
 from .conftest import both_models, free_port
 
@@ -141,6 +141,21 @@ def test_a_refusal_keeps_its_order_and_timer_through_pickling_and_older_callers_
     assert str(copy).startswith("Order A-7 was already closed. This write was not made;")
     assert str(copy).endswith(" Refused write #12 records it for staff.")
     assert (bare.model_label, bare.pk, bare.timer, bare.public_name, bare.refused_write_id) == (None,) * 5
+
+
+def test_an_order_model_names_its_rows_by_the_field_its_options_give(monkeypatch):
+    """``TIMEOUT_PUBLIC_NAME``: the order model's option naming the field its clients know."""
+    monkeypatch.setattr(Purchase, "TIMEOUT_PUBLIC_NAME", "customer")
+    order = Purchase.objects.create(customer="ACME-7", expires_at=timezone.now() - timedelta(minutes=1))
+    Purchase.objects.filter(pk=order.pk).update(status="closed", closed_at=timezone.now())
+
+    with pytest.raises(OrderClosed) as refused:
+        Purchase.objects.get(pk=order.pk).mark_paid()
+
+    row = RefusedWrite.objects.get(object_id=str(order.pk))
+    assert refused.value.message_alone == "Purchase ACME-7 was already closed."
+    assert (refused.value.public_name, refused.value.pk, refused.value.refused_write_id) == ("ACME-7", order.pk, row.pk)
+    assert row.public_name == "ACME-7"
 
 
 def test_a_paid_order_answers_false_and_records_nothing(make_order):
