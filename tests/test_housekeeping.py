@@ -304,3 +304,52 @@ def test_the_scans_runner_killed_and_the_next_frozen_a_third_finishes_and_nothin
             consumer.wait_until(lambda consumer=consumer: "running" in consumer.out)
             consumer.signal(signal.SIGTERM)
             assert consumer.wait()[0] == 0
+
+
+# -- closes first: the consumer's scan keeps to a pace ------------------------------------------
+
+
+class RecordedRests(threading.Event):
+    """A stop that is never set and notes each rest the walk asks of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rests: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.rests.append(timeout or 0.0)
+        return False
+
+
+def test_a_paced_scan_rests_after_every_chunk_and_acts_on_every_row(make_order, queue, settings):
+    """The consumer's housekeeping thread walks at a pace (``housekeeper.PACE``): it rests after each
+    chunk, so the closes beside it keep the CPU and the interpreter's lock (docs/benchmarks.md
+    measures what the rest buys); it reads and restores every row all the same."""
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "COMPENSATION_CHUNK": 2}
+    orders = [make_order(in_seconds=60) for _ in range(5)]
+    for order in orders:
+        lost_member(queue, order)
+    stop = RecordedRests()
+
+    result = CompensationScan(heal=True, stop=stop, pace=0.5).run()
+
+    assert result.restored == 5 and result.examined >= 5
+    assert len(stop.rests) >= 3 and all(rest > 0 for rest in stop.rests)  # one before each of the 3 chunks
+    assert all(score_of(queue, str(order.pk)) is not None for order in orders)
+
+
+def test_an_unpaced_scan_never_rests(make_order, queue, settings):
+    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "COMPENSATION_CHUNK": 2}
+    for _ in range(5):
+        make_order(in_seconds=60)
+    stop = RecordedRests()
+
+    CompensationScan(heal=True, stop=stop).run()
+
+    assert stop.rests == []
+
+
+@pytest.mark.parametrize("pace", [0, -0.5, 1.5])
+def test_a_pace_outside_zero_to_one_is_refused(pace):
+    with pytest.raises(ValueError, match="pace must be in"):
+        CompensationScan(heal=True, pace=pace)

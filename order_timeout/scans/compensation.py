@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
@@ -133,6 +134,7 @@ class CompensationScan:
         from_oldest: bool = False,
         held_lock: str | None = None,
         stop: threading.Event | None = None,
+        pace: float | None = None,
     ) -> None:
         # The order close (and its reminders) of ``model`` when it is not ORDER_MODEL.
         self.kinds = registry.kinds_for(model, kinds)
@@ -150,6 +152,12 @@ class CompensationScan:
         self.held_lock = held_lock
         # Set when the process stops: the scan stops between two chunks.
         self.stop = stop
+        # The share of the wall clock the walk may take (None: all of it): after each chunk it rests
+        # for as long again as the chunk took, times (1 - pace) / pace. A consumer's housekeeping
+        # thread sets it, so that the closes beside it keep the CPU and the interpreter's lock.
+        if pace is not None and not 0 < pace <= 1:
+            raise ValueError(f"pace must be in (0, 1], not {pace!r}")
+        self.pace = pace
         self.lock_ms = round(1000 * settings.COMPENSATION_LOCK_SECONDS)
         # A failure the scan meets is leased to it this long while its retry is counted.
         self.lease_ms = round(1000 * settings.LEASE_SECONDS)
@@ -230,7 +238,9 @@ class CompensationScan:
         """The rows in chunks, the lock renewed before each. ``needs_redis``: restoring members
         cannot go on without Redis (raise); closing can (go on without the lock)."""
         count = total() if self.progress and total else 0
+        since = time.monotonic()
         for rows in chunks:
+            since = self._rest(since)
             if self.stop is not None and self.stop.is_set():
                 self.result.stopped = True
                 return
@@ -242,6 +252,17 @@ class CompensationScan:
             figures.examined += len(rows)
             if self.progress:
                 self.progress(figures.examined, max(count, figures.examined))
+
+    def _rest(self, since: float) -> float:
+        """With a ``pace``: rest for the share of the time since ``since`` (the last chunk's fetch and
+        work) that keeps the walk to its pace; the stop ends the rest. The moment it ends."""
+        if self.pace is not None and self.pace < 1:
+            rest = (time.monotonic() - since) * (1 - self.pace) / self.pace
+            if self.stop is not None:
+                self.stop.wait(rest)
+            else:
+                time.sleep(rest)
+        return time.monotonic()
 
     def _renew(self, token: str, *, needs_redis: bool) -> bool:
         """Keep the lock; False when another scan may hold it now, so this one stops."""
