@@ -27,18 +27,19 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import OperationalError, connection, connections
 from django.db.migrations.recorder import MigrationRecorder
 from django.dispatch import Signal
 from django.utils import timezone
 
-from order_timeout import notify, unschedule
+from order_timeout import models, notify, unschedule
 from order_timeout.conf import settings as order_settings
 from order_timeout.consumer import Consumer
 from order_timeout.db.session import session_identity
+from order_timeout.exceptions import OrderClosed
 from order_timeout.notices import handlers
 from order_timeout.queue import TimeoutQueue
-from order_timeout.scans import housekeeper
+from order_timeout.scans import housekeeper, refusals, turns
 from order_timeout.scans.compensation import compensate
 from order_timeout.scans.housekeeper import Housekeeper
 from order_timeout.scans.pruning import prune
@@ -492,6 +493,31 @@ def the_fleets_housekeeping(run: Run) -> None:
         Housekeeper(threading.Event()).look_once()
 
 
+def refused_writes(run: Run) -> None:
+    """A payment after the close, recorded for staff; its order then paid by the shop's own path,
+    settled by itself; a refusal whose record the database will not take; a settle it fails."""
+    def closed() -> Any:
+        order = run.due()
+        type(order).objects.filter(pk=order.pk).update(status="closed", closed_at=timezone.now())
+        return type(order).objects.get(pk=order.pk)
+
+    paid_late = closed()
+    with pytest.raises(OrderClosed):
+        paid_late.mark_paid()
+    type(paid_late).objects.filter(pk=paid_late.pk).update(status="paid")
+    refusals.settle()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(models, "insert_apart", database_gone)
+        with pytest.raises(OrderClosed):
+            closed().mark_paid()
+        patch.setattr(turns.refusals, "settle", database_gone)
+        turns._settle_refused_writes()
+
+
+def database_gone(*args: Any, **kwargs: Any) -> None:
+    raise OperationalError("the database is gone")
+
+
 def failing_scan(*args: Any, **kwargs: Any) -> None:
     raise RuntimeError("a bug in the scan")
 
@@ -526,6 +552,7 @@ SCENARIOS = [
     the_scan_buries_a_row_its_runs_died_with,
     the_prune,
     the_fleets_housekeeping,
+    refused_writes,
     redis_stopped,
 ]
 

@@ -47,10 +47,11 @@ def in_the_docs_terms(out: str, refused: RefusedWrite, order: ShopOrder) -> list
     return out.splitlines()
 
 
-def test_the_refused_writes_session_prints_what_the_docs_show(make_order: Any, consumer: Any, settings: Any):
-    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "ORDER_MODEL": "shop.ShopOrder"}
-    order = ShopOrder.objects.create(number="A-1001", expires_at=make_order(in_seconds=-1).expires_at)
+@pytest.mark.parametrize("order_model", ["shop.ShopOrder"], indirect=True, ids=["ShopOrder"])
+def test_the_refused_writes_session_prints_what_the_docs_show(order_model: Any, make_order: Any, consumer: Any):
+    order = make_order(in_seconds=-1, number="A-1001")
     consumer().run(once=True)
+    assert ShopOrder.objects.get(pk=order.pk).status == "Cancelled"
     with pytest.raises(OrderClosed):
         ShopOrder.objects.get(pk=order.pk).mark_paid()
     refused = RefusedWrite.objects.get(object_id=str(order.pk))

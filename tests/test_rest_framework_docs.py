@@ -79,10 +79,13 @@ def token() -> str:
     return Token.objects.create(user=User.objects.create_user("api-client")).key
 
 
+# The shop's own order model, configured (and its saves scheduled) for the test.
+on_the_shops_orders = pytest.mark.parametrize("order_model", ["shop.ShopOrder"], indirect=True, ids=["ShopOrder"])
+
+
 @pytest.fixture
-def closed_order(make_order: Any, consumer: Any, settings: Any) -> ShopOrder:
-    settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT, "ORDER_MODEL": "shop.ShopOrder"}
-    order = ShopOrder.objects.create(number="A-1001", expires_at=make_order(in_seconds=-1).expires_at)
+def closed_order(order_model: Any, make_order: Any, consumer: Any) -> ShopOrder:
+    order = make_order(in_seconds=-1, number="A-1001")
     consumer().run(once=True)
     assert ShopOrder.objects.get(pk=order.pk).status == "Cancelled"
     return order
@@ -116,6 +119,7 @@ def test_the_docs_have_the_merge_the_chain_and_the_body():
     assert len(blocks("python")) == 2 and len(blocks("json")) == 1
 
 
+@on_the_shops_orders
 def test_the_block_that_replaced_the_dict_lost_the_token_authentication(shop_api, token, closed_order):
     """The finding, reproduced: the old block pasted below the shop's settings."""
     replaced = merged_settings('REST_FRAMEWORK = {"EXCEPTION_HANDLER": '
@@ -128,6 +132,7 @@ def test_the_block_that_replaced_the_dict_lost_the_token_authentication(shop_api
     assert (response.status_code, response.json()) == (403, NOT_PROVIDED)
 
 
+@on_the_shops_orders
 def test_the_merge_block_keeps_the_token_authentication_and_answers_409(shop_api, token, closed_order):
     merged = merged_settings(blocks("python")[0])
     assert merged == {**SHOP_REST_FRAMEWORK,
@@ -143,10 +148,11 @@ def test_the_merge_block_keeps_the_token_authentication_and_answers_409(shop_api
     assert normalized(refused.json(), closed_order) == json.loads(blocks("json")[0])  # the docs' body
 
 
+@on_the_shops_orders
 def test_the_chained_handler_answers_409_and_keeps_the_shops_own_answers(shop_api, token, closed_order,
                                                                          make_order):
     handler = shops_handler_module(blocks("python")[1])
-    paid_in_time = ShopOrder.objects.create(number="A-1002", expires_at=make_order(in_seconds=600).expires_at)
+    paid_in_time = make_order(in_seconds=600, number="A-1002")
 
     with override_settings(REST_FRAMEWORK={**SHOP_REST_FRAMEWORK, "EXCEPTION_HANDLER": handler}):
         anonymous = shop_api.post(f"/api/orders/{closed_order.pk}/pay")
