@@ -17,7 +17,6 @@ benchmark's own (``order_timeout_bench``) and REDIS_URL at Redis database 10; bo
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -28,6 +27,8 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+from . import standalone
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
 
@@ -227,20 +228,6 @@ def markdown(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def report(out: Path) -> int:
-    found = [json.loads(path.read_text()) for path in sorted(out.glob("*.json"))]
-    if not found:
-        print(f"No results in {out}.", file=sys.stderr)
-        return 2
-    text = markdown(found)
-    (out / "results.md").write_text(text + "\n")
-    print(text)
-    problems = [problem for result in found for problem in failures(result)]
-    for problem in problems:
-        print(f"FAILED: {problem}", file=sys.stderr)
-    return 1 if problems else 0
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.housekeeping", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -256,7 +243,7 @@ def main(argv: list[str]) -> int:
                         help="Only print the results already in --out, every database side by side.")
     args = parser.parse_args(argv)
     if args.report:
-        return report(args.out)
+        return standalone.report(args.out, markdown, failures)
     if args.rounds < 2:
         parser.error("--rounds must be at least 2: the noise is the spread between rounds")
 
@@ -266,22 +253,16 @@ def main(argv: list[str]) -> int:
 
     django.setup()
     from django.core.management import call_command
-    from django.db import connection
     from django_redis import get_redis_connection
 
     from . import ownership, scan
 
     # It empties its tables and its Redis database: never let it near anything else.
-    if not connection.settings_dict["NAME"].endswith("_bench") or os.environ.get("BENCH_OK") != "1":
-        print("Refusing to run: use scripts/bench --housekeeping, which points it at databases of its own "
-              "(a database name ending in _bench) and sets BENCH_OK=1.", file=sys.stderr)
+    refused = standalone.refusal("--housekeeping")
+    if refused:
+        print(f"Refusing to run: {refused}", file=sys.stderr)
         return 2
     client = get_redis_connection("order_timeout")
-    try:
-        ownership.claim(client, f"Redis at {os.environ.get('REDIS_URL')}")
-    except ownership.NotOurs as exc:
-        print(f"Refusing to run: {exc}", file=sys.stderr)
-        return 2
     client.flushdb()
     ownership.keep_mark(client)
     call_command("migrate", verbosity=0)
@@ -294,13 +275,7 @@ def main(argv: list[str]) -> int:
               "rows": args.rows, "rounds": args.rounds, "rate": args.rate, "seconds": seconds,
               "scan_alone_s": alone,
               "cpus": os.cpu_count(), "cpu": scan.cpu_model(), "runs": runs, "verdict": verdict(runs)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{connection.vendor}.json").write_text(json.dumps(result, indent=2))
-    print(markdown([result]))
-    problems = failures(result)
-    for problem in problems:
-        print(f"FAILED: {problem}", file=sys.stderr)
-    return 1 if problems else 0
+    return standalone.write(args.out, result, markdown, failures)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import statistics
 import subprocess
@@ -32,6 +31,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 from unittest import mock
+
+from . import standalone
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
 
@@ -330,20 +331,6 @@ def markdown(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def report(out: Path) -> int:
-    found = [json.loads(path.read_text()) for path in sorted(out.glob("*.json"))]
-    if not found:
-        print(f"No results in {out}.", file=sys.stderr)
-        return 2
-    text = markdown(found)
-    (out / "results.md").write_text(text + "\n")
-    print(text)
-    problems = [problem for result in found for problem in failures(result)]
-    for problem in problems:
-        print(f"FAILED: {problem}", file=sys.stderr)
-    return 1 if problems else 0
-
-
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.scan", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -358,26 +345,20 @@ def main(argv: list[str]) -> int:
                         help="Only print the results already in --out, every database side by side.")
     args = parser.parse_args(argv)
     if args.report:
-        return report(args.out)
+        return standalone.report(args.out, markdown, failures)
 
     import django
 
     django.setup()
     from django.core.management import call_command
-    from django.db import connection
     from django_redis import get_redis_connection
 
     from . import ownership
 
     # It empties its tables and its Redis database: never let it near anything else.
-    if not connection.settings_dict["NAME"].endswith("_bench") or os.environ.get("BENCH_OK") != "1":
-        print("Refusing to run: use scripts/bench --scan, which points it at databases of its own "
-              "(a database name ending in _bench) and sets BENCH_OK=1.", file=sys.stderr)
-        return 2
-    try:
-        ownership.claim(get_redis_connection("order_timeout"), f"Redis at {os.environ.get('REDIS_URL')}")
-    except ownership.NotOurs as exc:
-        print(f"Refusing to run: {exc}", file=sys.stderr)
+    refused = standalone.refusal("--scan")
+    if refused:
+        print(f"Refusing to run: {refused}", file=sys.stderr)
         return 2
     call_command("migrate", verbosity=0)
     database = database_name()
@@ -391,13 +372,7 @@ def main(argv: list[str]) -> int:
               "rows": [measured.summary() for measured in results],
               # Every chunk's figure, for a plot or a second look at a tail.
               "chunk_ms": {f"{m.caller}, {m.walk}": [round(ms, 3) for ms in m.chunk_ms] for m in results}}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{connection.vendor}.json").write_text(json.dumps(result, indent=2))
-    print(markdown([result]))
-    problems = failures(result)
-    for problem in problems:
-        print(f"FAILED: {problem}", file=sys.stderr)
-    return 1 if problems else 0
+    return standalone.write(args.out, result, markdown, failures)
 
 
 def cpu_model() -> str:
