@@ -381,28 +381,35 @@ VALIDATORS: dict[str, Callable[[str, Any], None]] = {
 }
 
 
+_ABSENT = object()
+
+
 class OrderTimeoutSettings:
     """Attribute access to ``ORDER_TIMEOUT`` over ``DEFAULTS``, validated once per change."""
 
     def __init__(self) -> None:
-        self._values: dict[str, Any] | None = None
-        # Bumped by every reload: a read that began before one is not kept (a thread that read the
-        # old setting while another changed it would otherwise leave the old values cached).
+        # (the ORDER_TIMEOUT object read, the reload count then, the values): served only while
+        # both still hold. The object's identity catches a change that sends no setting_changed
+        # (pytest-django's ``del settings.X`` and its undoing); the count catches a read that
+        # began before a reload (a thread that read the old setting while another changed it).
+        self._cached: tuple[object, int, dict[str, Any]] | None = None
         self._generation = 0
 
     def load(self) -> dict[str, Any]:
         """Read, merge and validate the setting; raises ImproperlyConfigured."""
-        values = self._values
-        if values is None:
-            generation = self._generation
-            values = self._read()
-            if generation == self._generation:
-                self._values = values
+        source = getattr(django_settings, SETTING_NAME, _ABSENT)
+        cached = self._cached
+        if cached is not None and cached[0] is source and cached[1] == self._generation:
+            return cached[2]
+        generation = self._generation
+        values = self._read(source)
+        self._cached = (source, generation, values)
         return values
 
     def reload(self) -> None:
+        """Drop the values: the next read reads the setting again (after an in-place edit, say)."""
         self._generation += 1
-        self._values = None
+        self._cached = None
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name not in DEFAULTS:
@@ -410,8 +417,8 @@ class OrderTimeoutSettings:
         return self.load()[name]
 
     @staticmethod
-    def _read() -> dict[str, Any]:
-        user = getattr(django_settings, SETTING_NAME, {})
+    def _read(source: object) -> dict[str, Any]:
+        user = {} if source is _ABSENT else source
         if not isinstance(user, dict):
             raise ImproperlyConfigured(f"{SETTING_NAME} must be a dict, got {type(user).__name__}.")
         unknown = sorted(set(user) - set(DEFAULTS))
