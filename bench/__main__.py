@@ -112,7 +112,7 @@ def main(argv: list[str]) -> int:
     from django.core.management import call_command
     from django_redis import get_redis_connection
 
-    from . import crash, report, workloads
+    from . import broker, crash, report, workloads
     from .systems import SYSTEMS, Ours
 
     sizes = workloads.QUICK if args.quick else workloads.FULL
@@ -131,7 +131,7 @@ def main(argv: list[str]) -> int:
 
     try:
         ownership.claim(get_redis_connection("order_timeout"), f"Redis at {os.environ.get('REDIS_URL')}")
-        ownership.claim(workloads.broker_client(), f"Celery's broker at {os.environ.get('CELERY_BROKER_URL')}")
+        ownership.claim(broker.broker_client(), f"Celery's broker at {os.environ.get('CELERY_BROKER_URL')}")
         if "cluster" in settings.CACHES and not args.no_scale:
             ownership.claim(get_redis_connection("cluster"), "the Redis Cluster")
     except ownership.NotOurs as exc:

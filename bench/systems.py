@@ -560,7 +560,7 @@ class CeleryEta(System):
 
     def lose_redis(self) -> None:
         """Its broker's database: the tasks wait there (and in the worker, fetched)."""
-        from .workloads import flush_broker
+        from .broker import flush_broker
 
         flush_broker()
 
@@ -593,7 +593,7 @@ class CeleryEta(System):
 
     def forget_far_future(self) -> None:
         """ETA tasks wait inside the worker: restart it on an empty broker."""
-        from .workloads import flush_broker
+        from .broker import flush_broker
 
         self.stop()
         flush_broker()

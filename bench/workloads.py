@@ -20,6 +20,7 @@ from order_timeout.queue import TimeoutQueue
 from order_timeout.scheduling import order_saved
 from order_timeout.timers.members import now_score
 
+from .broker import broker_backlog, flush_broker
 from .measure import ClientCommands, Counters, process_tree, redis_memory, rss_bytes, summary
 from .ownership import keep_mark
 from .recorder import read_commits
@@ -84,27 +85,6 @@ def reset() -> None:
     client.flushdb()
     keep_mark(client)
     flush_broker()
-
-
-def _broker_backlog() -> int:
-    from .celery_eta import app
-
-    with app.connection_for_write() as conn:
-        return int(conn.default_channel.client.llen("bench_eta"))
-
-
-def broker_client() -> Any:
-    from redis import Redis
-
-    from .celery_eta import app
-
-    return Redis.from_url(app.conf.broker_url)
-
-
-def flush_broker() -> None:
-    client = broker_client()
-    client.flushdb()
-    keep_mark(client)
 
 
 def make_orders(deadlines: list[datetime], model: Any = Order) -> list[Any]:
@@ -184,7 +164,7 @@ def idle(system: System, sizes: Sizes) -> dict[str, Any]:
     system.hold_far_future(count)
     # Wait until the worker has pulled every message (its broker queue is empty).
     settle = time.monotonic() + 30
-    while system.memory == "worker" and _broker_backlog() and time.monotonic() < settle:
+    while system.memory == "worker" and broker_backlog() and time.monotonic() < settle:
         time.sleep(0.2)
     time.sleep(min(1.0, sizes.idle_seconds))
     memory_after, rss_after = redis_memory(client), sum(rss_bytes(pid) for pid in system.memory_pids())

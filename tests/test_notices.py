@@ -135,6 +135,20 @@ def test_notify_refuses_what_cannot_be_stored_inside_the_shops_transaction(recor
     assert not Notice.objects.exists()
 
 
+def test_a_notice_written_before_the_app_is_ready_is_refused_with_its_transaction(recorder, monkeypatch):
+    """The notices sit below the timers that queue them; the timers hand them the way in at the
+    app's start. Without it a notice would be written and never queued: it is refused instead."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from order_timeout.notices import writing
+
+    monkeypatch.setattr(writing, "_queue_written", None)
+    with pytest.raises(ImproperlyConfigured, match="INSTALLED_APPS"), transaction.atomic():
+        notify("test-recorder", {"order": 1})
+
+    assert not Notice.objects.exists()
+
+
 def test_notify_many_writes_one_insert_for_the_batch(recorder, make_order):
     orders = [make_order(in_seconds=600) for _ in range(25)]
 

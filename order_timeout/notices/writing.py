@@ -64,7 +64,6 @@ def notify_many(handler: str, objs_or_payloads: Iterable[Any], *, key: Key = Non
     Returns the notice rows, in the order of the items (each built when it is read).
     """
     from ..models import Notice
-    from ..timers.registry import NOTICES
 
     declared = _declared(handler)
     due = _due(at)
@@ -73,13 +72,27 @@ def notify_many(handler: str, objs_or_payloads: Iterable[Any], *, key: Key = Non
         return []
     using = router.db_for_write(Notice)
     written = insert_notices(using, declared, due, stored)
-    # Its member reaches Redis twice: now, a lease late, and at its time once the transaction
-    # commits. A process that dies between the COMMIT and its after-commit work (a deploy's
-    # SIGKILL, the OOM killer) leaves the notice to a consumer a lease later, not to the scan.
-    deadlines = NOTICES.scores([(pk, due) for pk in written.pks])
-    NOTICES.announce(deadlines)
-    NOTICES.schedule_members(using, deadlines)
+    _queued_by()(using, written.pks, due)
     return written
+
+
+# How written notices reach the queue: the notices' kind (timers/notices.py, ``Notices.queue_written``)
+# sets it when the timers load, at the app's start. The timers run the notices; this layer sits
+# below them and never imports them.
+QueueWritten = Callable[[str, Sequence[Any], datetime], None]
+_queue_written: QueueWritten | None = None
+
+
+def queue_written_notices_with(queue_written: QueueWritten) -> None:
+    global _queue_written
+    _queue_written = queue_written
+
+
+def _queued_by() -> QueueWritten:
+    if _queue_written is None:
+        raise ImproperlyConfigured("notify() before the order_timeout app is ready: add 'order_timeout' to "
+                                   "INSTALLED_APPS and call django.setup() first.")
+    return _queue_written
 
 
 def _declared(handler: str) -> str:

@@ -80,6 +80,15 @@ class Notices(Kind):
     def describe(self, key: Key) -> str:
         return f"notice={key}"
 
+    def queue_written(self, using: str, pks: Sequence[Any], due: datetime) -> None:
+        """Notices just written (``notify()``): each member reaches Redis twice, now, a lease late, and
+        at its time once the transaction commits. A process that dies between the COMMIT and its
+        after-commit work (a deploy's SIGKILL, the OOM killer) leaves the notice to a consumer a
+        lease later, not to the scan."""
+        deadlines = self.scores([(pk, due) for pk in pks])
+        self.announce(deadlines)
+        self.schedule_members(using, deadlines)
+
     def announce(self, deadlines: Mapping[str, int]) -> None:
         """In the writing transaction, before its commit: each notice's member at its time plus a
         lease (LT: never later than one already there; no wake-up). Redis trouble is logged, never

@@ -20,6 +20,7 @@ from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured
 from django.db import models
 
 from ..conf import settings
+from ..notices.writing import queue_written_notices_with
 from .closes import OrderTimeout
 from .declaration import NOW, Timer
 from .kind import Declared, Kind
@@ -35,6 +36,7 @@ RESERVED = ("", "remind", "notices")
 ORDER_TIMEOUT = OrderTimeout()
 REMINDERS = Reminders()
 NOTICES = Notices()
+queue_written_notices_with(NOTICES.queue_written)
 
 
 class AlreadyRegistered(ImproperlyConfigured):
