@@ -308,9 +308,20 @@ class Consumer:
         raise LookupError(f"a claim of kind {claim.kind!r}, which this consumer does not serve")
 
     def process(self, claim: Claim, now: datetime) -> Report:
-        """Hand the claim to the lifecycle: act on what is due, ack, reschedule or retry each."""
+        """The one door into the lifecycle, for ``run()`` and a test's claim alike: act on what is due,
+        ack (with the next claim, or ``flush_acks()``), reschedule or retry each; count it, and size
+        the next claims by the report's timing."""
         kind, queue = self.kind_of(claim)
-        return self.lifecycle.process(kind, queue, claim, now)
+        try:
+            report = self.lifecycle.process(kind, queue, claim, now, ack=self._ack_later(queue, claim))
+        except DatabaseError:
+            self._release(queue, claim, now)
+            raise
+        if report.timing is not None:
+            self.sizes.finished(self._claimed_lane, claimed=len(claim.members), seconds=report.timing.seconds,
+                                given_up=report.timing.given_up, done=report.timing.done)
+        self.stats.add(kind, report)
+        return report
 
     def run_once(self, due_by: datetime | None = None) -> Claim:
         """Claim and process one batch, acked before this returns; returns the claim (empty when
@@ -349,26 +360,11 @@ class Consumer:
             claim = self.claim(now, due_by)
             self.metrics.claimed(time.perf_counter() - started, len(claim.members))
             if claim.members:
-                kind, queue = self.kind_of(claim)
-                self.watch.last = None  # the watch's, if it watches this batch (not one given up unread)
-                try:
-                    report = self.lifecycle.process(kind, queue, claim, now, ack=self._ack_later(queue, claim))
-                except DatabaseError:
-                    self._release(queue, claim, now)
-                    raise
-                self._learn_size(self._claimed_lane, claim)
-                self.stats.add(kind, report)
-                self._log(kind, report, started)
+                report = self.process(claim, now)
+                self._log(self.kind_of(claim)[0], report, started)
             return claim
         finally:
             close_old_connections()
-
-    def _learn_size(self, lane: int, claim: Claim) -> None:
-        """Claim fewer of a kind after a batch given up for time, more after full ones that fit."""
-        batch = self.watch.last
-        if batch is not None:
-            self.sizes.finished(lane, claimed=len(claim.members), seconds=time.monotonic() - batch.started,
-                                given_up=batch.given_up.is_set(), done=batch.done)
 
     def _ack_later(self, queue: TimeoutQueue, claim: Claim) -> Callable[[str, list[str]], None]:
         """The lifecycle's ack for ``claim``: kept for the next claim of its shard (its members are
@@ -388,8 +384,8 @@ class Consumer:
         try:
             queue.reschedule(claim.token, {member: now_score(now) for member in claim.members})
         except QueueUnavailable:
-            logger.warning("Could not put back %d claimed member(s); they are taken over when "
-                           "their lease runs out.", len(claim.members))
+            logger.warning("%s: could not put back %d claimed member(s): Redis is unreachable; they are taken "
+                           "over when their lease runs out.", self.kind_of(claim)[0].label, len(claim.members))
 
     def _log(self, kind: Kind, report: Report, started: float) -> None:
         fields = {**self.stats.of(kind.name).named(report),

@@ -45,6 +45,14 @@ DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 
 
+def outcome_counts(report: Any) -> dict[str, int]:
+    """A batch's report in the metrics' outcome names, before a kind's ``metric_labels`` rename them:
+    the one place the lifecycle's words meet the metrics'."""
+    return {"acted": report.acted, "settled": report.settled, "passed": report.passed,
+            "not_due": report.rescheduled, "busy": report.busy, "held": report.held, "failed": report.failed,
+            "given_up": report.given_up, "dropped": report.dropped, "abandoned": report.abandoned}
+
+
 class ConsumerMetrics:
     """The consumer's own counters and histograms, in a registry of their own.
 
@@ -97,10 +105,12 @@ class ConsumerMetrics:
             "Seconds from a declared timer's deadline to the commit of its act.", ["timer"],
             buckets=LATENESS_BUCKETS, registry=self.registry)
 
-    def record(self, kind: Any, counts: dict[str, int], seconds: float, lateness: Iterable[float]) -> None:
-        """One batch of any kind, counted in its kind's family of metrics, by its kind's labels."""
+    def record(self, kind: Any, report: Any, seconds: float, lateness: Iterable[float]) -> None:
+        """One batch of any kind (its ``timers.outcome.Report``), counted in its kind's family of
+        metrics, by its kind's labels."""
         if not self.enabled:
             return
+        counts = outcome_counts(report)
         labels = kind.metric_labels
         named = {labels[name]: count for name, count in counts.items() if name in labels} if labels else counts
         if kind.metric_family == "closes":

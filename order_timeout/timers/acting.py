@@ -178,9 +178,10 @@ class _Ladder:
         return self._in_a_transaction(keys, act)
 
     def one_key_at_a_time(self, keys: Sequence[Key], refused: Refusals, failure: Exception | None) -> Outcome:
-        """The batch failed as a whole (its act with no key to blame, or its lock, its judge, its commit):
-        each key alone, up the same ways, in a transaction of its own. A batch of one too: an error that was the database's (a
-        connection a receiver lost) is counted against a key only when it comes back for it alone."""
+        """The batch failed as a whole (its act with no key to blame, or its lock, its judge, its
+        commit): each key alone, up the same ways, in a transaction of its own. A batch of one too: an
+        error that was the database's (a connection a receiver lost) is counted against a key only
+        when it comes back for it alone."""
         assert failure is not None
         if len(keys) > 1:
             logger.warning("%s: a batch of %d failed as a whole (%s: %s); acting on its keys one by one.",

@@ -23,6 +23,7 @@ inside a receiver is the database's error, not the key's; every act calls
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from datetime import datetime
@@ -33,7 +34,7 @@ from ..queue import BUSY, HELD, Claim, TimeoutQueue
 from .acting import act_on
 from .giving_up import Failure
 from .members import deadline_score, now_score
-from .outcome import Key, Outcome, Report
+from .outcome import Key, Outcome, Report, Timing
 from .retrying import Retrier
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class Clock(Protocol):
 
 
 class Metrics(Protocol):
-    def record(self, kind: Kind, counts: dict[str, int], seconds: float, lateness: Iterator[float]) -> None: ...
+    def record(self, kind: Kind, report: Report, seconds: float, lateness: Iterator[float]) -> None: ...
 
 
 class Lifecycle:
@@ -97,13 +98,11 @@ class Lifecycle:
         acted_at = self.clock()
         # 4. Settle every member in Redis: ack, reschedule, look again, hand over, retry, give up.
         self._settle(kind, queue, claim.token, outcome, by_key, now, report, ack or queue.ack)
-        self.metrics.record(kind, {
-            "acted": report.acted, "settled": report.settled, "passed": report.passed,
-            "not_due": report.rescheduled, "busy": report.busy, "held": report.held,
-            "failed": report.failed, "given_up": report.given_up, "dropped": report.dropped,
-            "abandoned": report.abandoned,
-        }, (self.clock() - now).total_seconds(),
-            ((acted_at - moment).total_seconds() for moment in outcome.moments.values()))
+        if batch is not None:
+            report.timing = Timing(seconds=time.monotonic() - batch.started, given_up=batch.given_up.is_set(),
+                                   done=batch.done)
+        self.metrics.record(kind, report, (self.clock() - now).total_seconds(),
+                            ((acted_at - moment).total_seconds() for moment in outcome.moments.values()))
         return report
 
     # -- reading the members ------------------------------------------------------------------

@@ -61,6 +61,16 @@ class Outcome:
         self.db_now = other.db_now or self.db_now
 
 
+@dataclass(frozen=True)
+class Timing:
+    """How a watched batch went: seconds from its watch's start to its settling, whether it was given
+    up for time, and how many keys' receivers had run by then (the consumer sizes its claims by it)."""
+
+    seconds: float
+    given_up: bool
+    done: int
+
+
 @dataclass
 class Report:
     """What one batch did, in the lifecycle's words; a kind's ``labels`` name them for people."""
@@ -76,10 +86,13 @@ class Report:
     given_up: int = 0
     dropped: int = 0
     abandoned: int = 0
+    # The batch's timing (None when no guard watched it: outside ``run()``); not a count, not added.
+    timing: Timing | None = None
 
     def add(self, other: Report) -> None:
         for item in fields(self):
-            setattr(self, item.name, getattr(self, item.name) + getattr(other, item.name))
+            if item.name != "timing":
+                setattr(self, item.name, getattr(self, item.name) + getattr(other, item.name))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
