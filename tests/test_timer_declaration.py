@@ -57,14 +57,25 @@ def test_a_registered_timer_is_read_by_the_engine_not_made_into_it():
     assert (kind.pending, kind.values) == (type(kind.declaration).pending, type(kind.declaration).values)
 
 
-def test_the_engine_and_the_declaration_default_each_shared_attribute_alike():
-    """Kind lists the declaration's attributes again as the defaults of the app's own kinds: what a
-    plain declared timer and a plain kind do must not drift apart."""
-    from order_timeout.timers.kind import Kind
+def test_the_declared_attributes_are_listed_once_and_the_engine_reads_each_from_the_declaration():
+    """One list, ``Declarable``: the declaration and the engine's kinds take their defaults from it
+    (a plain declared timer and a plain kind cannot drift apart), and a registered timer's kind reads
+    every one of them from its declaration, a change to it included."""
+    from order_timeout.timers.declaration import ATTRIBUTES, Declarable
+    from order_timeout.timers.kind import Declared, Kind
 
-    shared = {name for name, value in vars(Timer).items()
-              if not name.startswith("_") and not callable(value) and hasattr(Kind, name)}
+    assert set(ATTRIBUTES) == {"model", "name", "deadline", "pending", "values", "hold", "max_hold", "settled",
+                               "final", "guard_saves", "deadline_follows", "yields"}
+    assert issubclass(Timer, Declarable) and issubclass(Kind, Declarable)
+    assert not any(name in vars(Timer) or name in vars(Kind) for name in ATTRIBUTES)
+    assert all(isinstance(vars(Declared)[name], property) for name in ATTRIBUTES)
 
-    assert shared >= {"name", "deadline", "pending", "values", "hold", "max_hold", "settled", "final",
-                      "guard_saves", "deadline_follows", "yields"}
-    assert {name: getattr(Kind, name) for name in shared} == {name: getattr(Timer, name) for name in shared}
+    kind = registry.get("reservation-lapses")
+    declaration = kind.declaration
+    assert {name: getattr(kind, name) for name in ATTRIBUTES} == {name: getattr(declaration, name)
+                                                                  for name in ATTRIBUTES}
+    declaration.yields = True
+    try:
+        assert kind.yields is True
+    finally:
+        del declaration.yields

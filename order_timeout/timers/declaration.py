@@ -43,8 +43,10 @@ NOW = _Now()
 SETTING: Any = object()
 
 
-class Timer:
-    """A timed transition of one model's rows: subclass it, say what differs, ``register`` it."""
+class Declarable:
+    """What a timer moves and how: the attributes a shop declares on a ``Timer`` (docs/timers.md),
+    with their defaults, listed here once. ``Timer`` takes them from here, and so does the
+    engine's ``Kind`` (whose ``Declared`` reads each from the declaration: ``ATTRIBUTES``)."""
 
     # The model whose rows it moves (set by ``register``).
     model: ClassVar[type[models.Model]]
@@ -78,6 +80,15 @@ class Timer:
     # Work that follows other timers' commits: its due rows step aside while another timer has a
     # backlog (a second at most), so a burst is not slowed by what it starts.
     yields: ClassVar[bool] = False
+
+
+
+# Every declared attribute, in the order above: what ``kind.Declared`` forwards to the declaration.
+ATTRIBUTES: tuple[str, ...] = tuple(Declarable.__annotations__)
+
+
+class Timer(Declarable):
+    """A timed transition of one model's rows: subclass it, say what differs, ``register`` it."""
 
     def fire(self, rows: list[Any], now: datetime) -> None:
         """Called once per batch after the UPDATE, in the same transaction (``rows``: the locked

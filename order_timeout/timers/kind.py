@@ -26,7 +26,7 @@ from ..db.columns import auto_now_values
 from ..db.keys import KeysIn
 from ..db.locks import LockedOrders, lock_orders
 from .deadlines import ColumnDeadlines, DeadlineStore, OutsideDeadlines
-from .declaration import NOW, SETTING, Timer
+from .declaration import ATTRIBUTES, NOW, SETTING, Declarable, Timer
 from .members import deadline_score, integer_keys, now_score, order_member, parse_member
 from .outcome import Due, Key, Outcome
 from .receivers import run_batch_receiver
@@ -35,28 +35,13 @@ from .receivers import run_batch_receiver
 _TAKING_INSTANCES = ("fire", "is_pending", "judge", "act")
 
 
-class Kind:
+class Kind(Declarable):
     """One kind of timed transition, as the lifecycle reads it; the defaults are a plain timer's."""
 
-    # -- what it moves: docs/timers.md says what each means (a declared timer's come from its
-    # declaration, ``declaration.Timer``; the app's kinds set or compute their own) -------------
+    # What it moves: the declared attributes and their defaults, from ``declaration.Declarable``
+    # (docs/timers.md says what each means). A declared timer's are its declaration's
+    # (``Declared``); the app's kinds set or compute their own.
 
-    model: ClassVar[type[models.Model]]
-    name: ClassVar[str] = ""
-    deadline: ClassVar[str | None] = "expires_at"
-    pending: ClassVar[Q] = Q()
-    values: ClassVar[Mapping[str, Any]] = {}
-    hold: ClassVar[Q | None] = None
-    max_hold: ClassVar[Any] = SETTING
-    settled: ClassVar[Q | None] = None
-    final: ClassVar[bool] = False
-    guard_saves: ClassVar[bool] = False
-    deadline_follows: ClassVar[tuple[str, ...]] = ()
-    # A kind whose work follows the others' commits (the notices: a close's e-mail) says so: its
-    # due members step aside for another kind's backlog (a burst: claims that come back full),
-    # for ``lanes.YIELD_SECONDS`` at most, so a burst of closes is not slowed by the deliveries it
-    # starts, and they still never starve; with a trickle they take turns as any kinds do.
-    yields: ClassVar[bool] = False
     # Seconds a consumer lets this kind's due members gather between two claims that do not come
     # back full (``lanes.ShardRota``): for work that may come a little late (the reminders), so
     # the closes do not wait behind a batch of a few of them every turn. 0: claimed when due.
@@ -416,19 +401,6 @@ class Declared(Kind):
         declaration._kind = self  # what its schedule(), unschedule() and set_deadline() go through
         super().__init__()
 
-    model = property(lambda self: type(self.declaration).model)
-    name = property(lambda self: self.declaration.name)
-    deadline = property(lambda self: self.declaration.deadline)
-    pending = property(lambda self: self.declaration.pending)
-    values = property(lambda self: self.declaration.values)
-    hold = property(lambda self: self.declaration.hold)
-    max_hold = property(lambda self: self.declaration.max_hold)
-    settled = property(lambda self: self.declaration.settled)
-    final = property(lambda self: self.declaration.final)
-    guard_saves = property(lambda self: self.declaration.guard_saves)
-    deadline_follows = property(lambda self: self.declaration.deadline_follows)
-    yields = property(lambda self: self.declaration.yields)
-
     def fire(self, rows: list[Any], now: datetime) -> None:
         self.declaration.fire(rows, now)
 
@@ -454,3 +426,14 @@ class Declared(Kind):
         """Instances when the shop's ``fire()`` takes them, or a hook was set on this kind itself
         (a test's, a plugin's: it may read any field)."""
         return self.declares_fire or any(name in self.__dict__ for name in _TAKING_INSTANCES)
+
+
+def _read_from_the_declaration(name: str) -> property:
+    def read(kind: Declared) -> Any:
+        return getattr(kind.declaration, name)
+    return property(read)
+
+
+# Each declared attribute read from the declaration, each time (a test or a shop may change it).
+for _name in ATTRIBUTES:
+    setattr(Declared, _name, _read_from_the_declaration(_name))
