@@ -75,7 +75,7 @@ class Totals:
     def named(self, report: Report | None = None) -> dict[str, int]:
         """A report in the kind's own words: what its log line and its totals say."""
         report = report or self.report
-        labels = self.kind.labels
+        labels = self.kind.wording.outcomes
         named = {"claimed": report.claimed, labels.get("acted", "acted"): report.acted,
                  labels.get("settled", "settled"): report.settled}
         if "passed" in labels:
@@ -392,7 +392,7 @@ class Consumer:
                   "elapsed_ms": round((time.perf_counter() - started) * 1000, 1)}
         what = kind.label
         logger.info(what + " " + " ".join(f"{name}=%s" for name in fields), *fields.values(),
-                    extra={kind.log_extra: fields})
+                    extra={kind.wording.log_extra: fields})
 
     # -- the loop -------------------------------------------------------
 

@@ -111,11 +111,11 @@ class ConsumerMetrics:
         if not self.enabled:
             return
         counts = outcome_counts(report)
-        labels = kind.metric_labels
+        labels = kind.wording.metric_labels
         named = {labels[name]: count for name, count in counts.items() if name in labels} if labels else counts
-        if kind.metric_family == "closes":
+        if kind.wording.metric_family == "closes":
             self.batch(named, seconds, lateness)
-        elif kind.metric_family == "reminders":
+        elif kind.wording.metric_family == "reminders":
             self.reminders(named, lateness)
         else:
             for outcome, count in named.items():

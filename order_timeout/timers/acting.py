@@ -224,7 +224,7 @@ class _Ladder:
                     assert outcome.db_now is not None  # a row was locked, so the database's clock was read
                     act(due, outcome.db_now, outcome)
             return outcome
-        return _retrying_lock_conflicts(self.using, once, self.stopping, self.kind.doing)
+        return _retrying_lock_conflicts(self.using, once, self.stopping, self.kind.wording.doing)
 
     def _act_on_all(self, due: list[Due], now: datetime, outcome: Outcome) -> None:
         """The kind's act on ``due``, whose error it is decided here: a lock conflict or a lost session is
@@ -294,7 +294,7 @@ def _act_outside(kind: Kind, keys: Sequence[Key], stopping: Callable[[], bool],
         return outcome, due
 
     try:
-        outcome, due = _retrying_lock_conflicts(using, locked, stopping, kind.doing)
+        outcome, due = _retrying_lock_conflicts(using, locked, stopping, kind.wording.doing)
     except _StillConflicting:
         return Outcome(busy=list(keys))
     except _Stopped:

@@ -23,6 +23,7 @@ from ..db.locks import LockedOrders, lock_orders
 from ..models import HOLD_EXPIRED_REASON, TIMEOUT_REASON, TimeoutOrderMixin
 from ..ordermodel import get_order_model
 from ..queue.keys import CLOSE
+from ..reporting import wording as words
 from ..signals import order_expired, order_keys_expired, orders_expired
 from .kind import Kind
 from .outcome import Due, Key, Outcome
@@ -97,21 +98,9 @@ class OnOrderModel(Kind):
 class OrderTimeout(OnOrderModel):
     name = ""
     queue_name = CLOSE
-    log_extra = "batch"
-    metric_family = "closes"
-    labels = {"acted": "closed", "settled": "skipped_paid", "given_up": "dead_lettered"}
-    # Metric labels of order_timeout_closes_total{outcome} (unchanged since 0.1).
-    metric_labels = {"acted": "closed", "settled": "settled", "not_due": "rescheduled", "busy": "busy",
-                     "held": "held", "failed": "failed", "given_up": "dead_lettered", "dropped": "dropped",
-                     "abandoned": "abandoned"}
-
     @property
-    def label(self) -> str:
-        return "close"
-
-    @property
-    def doing(self) -> str:
-        return "closing"
+    def wording(self) -> words.Wording:
+        return words.CLOSES
 
     def describe(self, key: Key) -> str:
         return f"order={key}"

@@ -13,7 +13,7 @@ and nothing else from it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, ClassVar
@@ -25,6 +25,7 @@ from ..conf import settings
 from ..db.columns import auto_now_values
 from ..db.keys import KeysIn
 from ..db.locks import LockedOrders, lock_orders
+from ..reporting.wording import Wording
 from .deadlines import ColumnDeadlines, DeadlineStore, OutsideDeadlines
 from .declaration import ATTRIBUTES, NOW, SETTING, Declarable, Timer
 from .members import deadline_score, integer_keys, now_score, order_member, parse_member
@@ -74,8 +75,6 @@ class Kind(Declarable):
     # Most members one claim of this kind takes (None: BATCH_SIZE): a kind whose act waits on
     # the outside world takes no more than it acts on at once.
     claim_limit: ClassVar[int | None] = None
-    # A kind's own words for the lifecycle's outcomes, in log lines and reports.
-    labels: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self) -> None:
         self.deadlines: DeadlineStore = (OutsideDeadlines(self) if self.deadline is None
@@ -89,24 +88,14 @@ class Kind(Declarable):
         return self.name if self.queue_name is None else self.queue_name
 
     @property
-    def label(self) -> str:
-        """Its name in every log line and report: "close", "reminders", "notices", a timer's name."""
-        return self.name
+    def wording(self) -> Wording:
+        """How it reads in log lines, reports and metrics (reporting/wording.py): a timer's, by its name."""
+        return Wording(label=self.name)
 
     @property
-    def doing(self) -> str:
-        """What the lifecycle is doing, for a log line ("closing", "sending reminders")."""
-        return f"acting on {self.label}"
-
-    # How a give-up reads in a log line: "... dead-lettered without another try", "next=dead-letter".
-    give_up_verb: ClassVar[str] = "dead-lettered"
-    give_up_next: ClassVar[str] = "dead-letter"
-    give_up_record: ClassVar[str] = "dead letter(s)"
-    # Which family of metrics counts its outcomes: "closes", "reminders", or "timers" (by name).
-    metric_family: ClassVar[str] = "timers"
-    metric_labels: ClassVar[Mapping[str, str]] = {}
-    # Its batch's log line starts with its label; the line's fields go in ``record.<log_extra>``.
-    log_extra: ClassVar[str] = "timer"
+    def label(self) -> str:
+        """Its name in every log line and report: "close", "reminders", "notices", a timer's name."""
+        return self.wording.label
 
     def describe(self, key: Key) -> str:
         """A key in a log line."""

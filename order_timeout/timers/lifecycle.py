@@ -162,7 +162,7 @@ class Lifecycle:
         burial = self.retrier.give_up(kind, queue, claim.token, failures, by_key, now)
         for key in burial.buried:
             logger.error("%s %s taken over %d times: %s without another try.", kind.label, kind.describe(key),
-                         claim.takeovers, kind.give_up_verb)
+                         claim.takeovers, kind.wording.give_up_verb)
         for key in (*burial.settled, *burial.missing):
             logger.info("%s %s taken over %d times, but %s: let go.", kind.label, kind.describe(key),
                         claim.takeovers, "gone" if key in burial.missing else "settled already")

@@ -35,6 +35,7 @@ from ..models import Notice
 from ..notices.delivery import Delivery, Rejected
 from ..notices.registry import handlers
 from ..queue.keys import NOTICE
+from ..reporting import wording as words
 from .kind import Kind
 from .outcome import Due, Key, Outcome
 
@@ -58,8 +59,6 @@ class Notices(Kind):
     # A notice tells of a commit that already happened; a burst of closes goes first (a delivery
     # costs a consumer far more than a close), and a notice waits a second behind it at most.
     yields: ClassVar[bool] = True
-    log_extra = "notices"
-    labels = {"acted": "delivered", "settled": "done", "given_up": "dead_lettered"}
 
     def __init__(self) -> None:
         super().__init__()
@@ -70,12 +69,8 @@ class Notices(Kind):
         return Notice
 
     @property
-    def label(self) -> str:
-        return "notices"
-
-    @property
-    def doing(self) -> str:
-        return "delivering notices"
+    def wording(self) -> words.Wording:
+        return words.NOTICES
 
     def describe(self, key: Key) -> str:
         return f"notice={key}"

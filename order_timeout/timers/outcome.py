@@ -2,8 +2,8 @@
 
 The database side (``acting``) fills an ``Outcome`` per key; the lifecycle
 (``lifecycle``) turns it into acks, reschedules and retries and a ``Report``.
-A kind names the categories in its own words where people read them (log
-lines, metric labels: a close is "closed", a reminder "sent").
+Each kind's wording (reporting/wording.py) names the categories where people
+read them (log lines, metric labels: a close is "closed", a reminder "sent").
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class Timing:
 
 @dataclass
 class Report:
-    """What one batch did, in the lifecycle's words; a kind's ``labels`` name them for people."""
+    """What one batch did, in the lifecycle's words; a kind's wording names them for people."""
 
     claimed: int = 0
     acted: int = 0

@@ -26,6 +26,7 @@ from ..db.locks import LockedOrders
 from ..db.primary import on_primary
 from ..models import Reminder
 from ..queue.keys import REMIND
+from ..reporting import wording as words
 from ..signals import deadline_approaching
 from .closes import OnOrderModel
 from .members import deadline_score, parse_reminder, reminder_member
@@ -50,17 +51,9 @@ class Given:
 class Reminders(OnOrderModel):
     name = "remind"
     queue_name = REMIND
-    log_extra = "reminders"
-    metric_family = "reminders"
-    labels = {"acted": "sent", "settled": "done", "passed": "held", "given_up": "given_up"}
-    # Labels of order_timeout_reminders_total{outcome} (unchanged since 0.2).
-    metric_labels = {"acted": "sent", "settled": "done", "passed": "held", "not_due": "rescheduled",
-                     "busy": "busy", "failed": "failed", "given_up": "given_up", "dropped": "dropped",
-                     "abandoned": "abandoned"}
-
     @property
-    def label(self) -> str:
-        return "reminders"
+    def wording(self) -> words.Wording:
+        return words.REMINDERS
 
     @property
     def gathers(self) -> float:  # type: ignore[override]
@@ -68,14 +61,6 @@ class Reminders(OnOrderModel):
         (a tenth of the shortest lead, if less) of them gather between claims."""
         leads = settings.reminders()
         return min(GATHER_SECONDS, leads[-1] / 10_000) if leads else 0.0
-
-    @property
-    def doing(self) -> str:
-        return "sending reminders"
-
-    give_up_verb = "given up"
-    give_up_next = "give-up"
-    give_up_record = "failed reminder record(s)"
 
     def describe(self, key: Key) -> str:
         return f"order={key[0]} seconds_left={key[1] / 1000:g}"

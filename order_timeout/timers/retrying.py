@@ -70,7 +70,7 @@ class Retrier:
             logger.warning(
                 "%s failed %s attempt=%d error=%s: %s next=%s", kind.label, kind.describe(key),
                 retry.attempts, type(error).__name__, one_line(error),
-                kind.give_up_next if retry.retry_at_ms is None
+                kind.wording.give_up_next if retry.retry_at_ms is None
                 else f"retry in {(retry.retry_at_ms - now_score(now)) / 1000:g}s",
                 extra={"order_id": str(kind.row_of(key)), "attempt": retry.attempts},
             )
@@ -83,7 +83,8 @@ class Retrier:
         for failure in dead:
             if failure.key in buried:
                 logger.error("%s %s %s after %d attempts; the last error follows.", kind.label,
-                             kind.describe(failure.key), kind.give_up_verb, failure.attempts, exc_info=failure.error)
+                             kind.describe(failure.key), kind.wording.give_up_verb, failure.attempts,
+                             exc_info=failure.error)
         return len(burial.buried)
 
     def give_up(self, kind: Kind, queue: TimeoutQueue, token: str, dead: list[Failure], by_key: dict[Key, str],
@@ -100,8 +101,8 @@ class Retrier:
         except DatabaseError as exc:
             wait_ms = max(self.retry_delays_ms, default=self.lease_ms)
             logger.error("Could not write %d %s (%s: %s); member(s) %s of %s go back on the queue and are "
-                         "given up %gs later.", len(dead), kind.give_up_record, type(exc).__name__, one_line(exc),
-                         ", ".join(members[:20]), kind.label, wait_ms / 1000)
+                         "given up %gs later.", len(dead), kind.wording.give_up_record, type(exc).__name__,
+                         one_line(exc), ", ".join(members[:20]), kind.label, wait_ms / 1000)
             queue.reschedule(token, {member: now_score(now) + wait_ms for member in members})
             return Burial()
         if burial.settled:
