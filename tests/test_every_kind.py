@@ -156,6 +156,7 @@ def test_a_row_settled_after_its_claim_is_never_acted_on(case, consumer, clock):
 
     case.settle(row)
     report = worker.process(claim, clock())
+    worker.flush_acks()
 
     assert case.acted([row]) == 0 and case.effects([row]) == [0]
     assert (report.acted, report.settled) == (0, 1)
