@@ -106,6 +106,7 @@ def test_paid_order_is_never_closed_when_paid_after_claim(consumer, make_order, 
 
     order_model.objects.get(pk=order.pk).mark_paid()
     worker.process(claim, clock())
+    worker.flush_acks()
 
     assert state(order) == "paid"
     assert expiries(order) == 0
@@ -136,6 +137,7 @@ def test_pitfall_5_extended_deadline_after_claim_is_not_closed_but_rescheduled(
     order_model.objects.get(pk=order.pk).extend_deadline(later)
 
     worker.process(claim, clock())
+    worker.flush_acks()
 
     order.refresh_from_db()
     assert state(order) == "unpaid"
