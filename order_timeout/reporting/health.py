@@ -18,6 +18,7 @@ from ..models import DeadLetter, TimeoutOrderMixin
 from ..ordermodel import get_order_model
 from ..queue import QueueStats, TimeoutQueue
 from ..queue.keys import REMIND
+from ..scans import walks
 from ..scans.refusals import still_waiting
 from ..timers.closes import OrderTimeout
 from ..timers.kind import Kind
@@ -142,13 +143,13 @@ def measure(now: datetime | None = None, *, model: type[TimeoutOrderMixin] | Non
     rows = model._base_manager.db_manager(router.db_for_read(model)).filter(model.unpaid_q())
     # The close's own view of its rows (the hold within MAX_HOLD, the settled condition), on the primary.
     close = OrderTimeout(model)
-    overdue, held = close.overdue_and_held(now)
+    overdue, held = walks.overdue_and_held(close, now)
     return Health(
         **Backlog.of(stats, now),
         dead_letters=DeadLetter.objects.filter(timer=ORDER_TIMEOUT.name, resolved_at__isnull=True).count(),
         overdue_unpaid_in_database=overdue, held_in_database=held,
         unpaid_without_deadline=rows.filter(expires_at__isnull=True).count(),
-        settled_unpaid=close.settled_count(),
+        settled_unpaid=walks.settled_count(close),
         drift=count_drift(model, queue) if drift else None,
         **_reminders(queue, now, stats.quarantined),
         refused_writes=open_refused_writes(),
@@ -165,12 +166,12 @@ def open_refused_writes() -> int:
 
 def _timer(timer: Kind, queue: TimeoutQueue, now: datetime, *, drift: bool) -> TimerHealth:
     stats = queue.stats(now_score(now))
-    overdue, held = timer.overdue_and_held(now)
+    overdue, held = walks.overdue_and_held(timer, now)
     return TimerHealth(
         **Backlog.of(stats, now),
         dead_letters=DeadLetter.objects.filter(timer=timer.name, resolved_at__isnull=True).count(),
         overdue_in_database=overdue, held_in_database=held, drift=count_drift(timer, queue) if drift else None,
-        quarantined=stats.quarantined, settled=timer.settled_count())
+        quarantined=stats.quarantined, settled=walks.settled_count(timer))
 
 
 def _reminders(queue: TimeoutQueue, now: datetime, quarantined: int) -> dict[str, Any]:
@@ -195,7 +196,7 @@ def count_drift(kind: Any, queue: TimeoutQueue) -> int:
     """
     kind = kind if isinstance(kind, Kind) else OrderTimeout(kind)
     missing: list[str] = []
-    for chunk in kind.upcoming(None, None, settings.COMPENSATION_CHUNK):
+    for chunk in walks.upcoming(kind, None, None, settings.COMPENSATION_CHUNK):
         missing += queue.missing(kind.member(pk) for pk, _ in chunk)
     if not missing:
         return 0

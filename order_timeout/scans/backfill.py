@@ -28,6 +28,7 @@ from ..ordermodel import get_order_model
 from ..queue import TimeoutQueue
 from ..scheduling import schedule
 from ..timers.kind import Kind
+from . import walks
 
 if TYPE_CHECKING:
     from .compensation import Progress
@@ -180,10 +181,11 @@ class TimerBackfill:
         plan = TimerBackfillPlan(timer=self.timer.name, dry_run=dry_run)
         due_before = self.now + _TICK
         # Counted once, for the bar only.
-        total = (self.timer.count(before=due_before) + self.timer.count(after=self.now)) if self.progress else 0
-        walks = ((True, self.timer.overdue(due_before, self.chunk_size)),
-                 (False, self.timer.upcoming(self.now, None, self.chunk_size)))
-        for due, chunks in walks:
+        total = (walks.count(self.timer, before=due_before) + walks.count(self.timer, after=self.now)
+                 if self.progress else 0)
+        both = ((True, walks.overdue(self.timer, due_before, self.chunk_size)),
+                (False, walks.upcoming(self.timer, self.now, None, self.chunk_size)))
+        for due, chunks in both:
             for rows in chunks:
                 self._schedule(rows, plan, due=due, dry_run=dry_run)
                 if self.progress:

@@ -47,6 +47,7 @@ from ..timers.reminders import Reminders
 from ..timers.retrying import Retrier
 from ..timers.staff import resolve_settled
 from ..timers.watchdog import Watchdog, exit_stuck, stuck_after, watchdog
+from . import walks
 
 logger = logging.getLogger("order_timeout")
 
@@ -301,9 +302,9 @@ class CompensationScan:
         since = None if mark is None else datetime_of_score(mark.from_ms - 1)
         # The earliest deadline this walk leaves to anyone but staff: where the next one starts.
         earliest: datetime | None = None
-        chunks = kind.overdue(before, self.chunk_size, since)
+        chunks = walks.overdue(kind, before, self.chunk_size, since)
         for rows in self._walk(chunks, token, figures, needs_redis=False,
-                               total=lambda: kind.count(before=before, after=since)):
+                               total=lambda: walks.count(kind, before=before, after=since)):
             if not self.full and kind.label in paused_names():
                 # Paused by staff while this scan ran: its next chunks wait, as the claims do.
                 figures.paused = True
@@ -589,7 +590,7 @@ class CompensationScan:
         # must not be retried behind the staff's back).
         figures = self.result.figures(kind)
         reminders = isinstance(kind, Reminders)
-        chunks = kind.upcoming(self.now, self.rebuild_until, self.chunk_size)
+        chunks = walks.upcoming(kind, self.now, self.rebuild_until, self.chunk_size)
         walk = (chunks if reminders  # the close's walk already counted these rows
                 else self._walk(chunks, token, figures, needs_redis=True))
         for rows in walk:

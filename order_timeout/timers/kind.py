@@ -13,7 +13,7 @@ and nothing else from it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, ClassVar
@@ -331,54 +331,15 @@ class Kind(Declarable):
         longest = self.longest_hold()
         return recheck if longest is None else min(recheck, deadline_score(deadline + longest))
 
-    # -- what the scan walks ------------------------------------------------------------------
+    # -- when its rows fall due (what the scans walk: scans/walks.py) ----------------------------
 
-    def overdue(self, before: datetime, chunk: int, since: datetime | None = None
-                ) -> Iterator[list[tuple[Any, datetime]]]:
-        """Rows still pending whose deadline is before ``before`` (and after ``since``), ``(pk,
-        deadline)`` in chunks."""
-        return self.deadlines.walk(self._rows(), chunk, before=before, after=since)
+    # A kind whose act is moot once the row's deadline passed (a reminder) says so: the scan's
+    # overdue walk passes it by (the close scan closes the row).
+    moot_past_deadline: ClassVar[bool] = False
 
-    def upcoming(self, after: datetime, until: datetime | None, chunk: int) -> Iterator[list[tuple[Any, datetime]]]:
-        """Rows still pending whose deadline is after ``after`` (and not after ``until``)."""
-        return self.deadlines.walk(self._rows(), chunk, after=after, until=until)
-
-    def count(self, *, before: datetime | None = None, after: datetime | None = None,
-              until: datetime | None = None) -> int:
-        """How many rows ``overdue`` (``before``) or ``upcoming`` (``after``, ``until``) would yield."""
-        return self.deadlines.count(self._rows(), before=before, after=after, until=until)
-
-    def overdue_and_held(self, now: datetime) -> tuple[int, int]:
-        """Pending rows past their deadline, as ``(overdue, held)``: those its hold holds within its
-        longest hold wait for what holds them and are held, not overdue; past it they are overdue."""
-        rows = self._rows()
-        past = self.deadlines.count(rows, before=now)
-        hold = self.hold_condition()
-        if hold is None or not past:
-            return past, 0
-        held = self.deadlines.count_held(rows, hold, before=now, since=self._hold_start(now))
-        return past - held, held
-
-    def _hold_start(self, now: datetime) -> datetime | None:
-        """The earliest deadline a hold still holds at ``now`` (None: no longest hold)."""
-        longest = self.longest_hold()
-        return None if longest is None else now - longest
-
-    def _rows(self) -> Any:
-        """The rows still pending (and not settled by another column), on the primary: a replica
-        may lag behind the acts this scan makes."""
-        rows = self.model._base_manager.db_manager(self.using).filter(self.pending)
-        settled = self.settled_condition()
-        # As a subquery on the key: a condition over a related table must not repeat rows.
-        return rows if settled is None else rows.exclude(pk__in=self.model._base_manager.filter(settled).values("pk"))
-
-    def settled_count(self) -> int:
-        """Rows pending by their own columns that the settled condition settles."""
-        settled = self.settled_condition()
-        if settled is None:
-            return 0
-        pending = self.model._base_manager.db_manager(self.using).filter(self.pending)
-        return int(pending.filter(pk__in=self.model._base_manager.filter(settled).values("pk")).count())
+    def falls_due_early(self) -> timedelta:
+        """How long before its row's deadline a member may fall due (a reminder's longest lead)."""
+        return timedelta(0)
 
 
 class Declared(Kind):

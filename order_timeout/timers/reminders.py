@@ -12,7 +12,7 @@ not send a late reminder).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
@@ -172,16 +172,12 @@ class Reminders(OnOrderModel):
                 for (pk, lead), deadline in reminders if (str(pk), lead, deadline) not in existing])
         return Given(buried=keys)
 
-    # -- what the scan walks: reminders of orders whose deadline is still ahead ---------------
+    # -- when they fall due: before their orders' deadlines, and moot after them -----------------
 
-    def overdue(self, before: datetime, chunk: int, since: datetime | None = None
-                ) -> Iterator[list[tuple[Any, datetime]]]:
-        return iter(())  # past its deadline a reminder is moot; the close scan closes the order
+    moot_past_deadline = True  # the close scan closes the order
 
-    def upcoming(self, after: datetime, until: datetime | None, chunk: int) -> Iterator[list[tuple[Any, datetime]]]:
-        # Reminders fall due before their deadlines: look that much further ahead for them.
-        reach = None if until is None else until + timedelta(milliseconds=max(settings.reminders(), default=0))
-        return super().upcoming(after, reach, chunk)
+    def falls_due_early(self) -> timedelta:
+        return timedelta(milliseconds=max(settings.reminders(), default=0))
 
     def scores(self, rows: Sequence[tuple[Any, datetime]]) -> dict[str, int]:
         """The reminders of these orders not sent (nor passed over) for their deadline yet, due
