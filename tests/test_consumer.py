@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings as django_settings
-from django.db import connection, connections, transaction
+from django.db import DatabaseError, connection, connections, transaction
 from django.utils import timezone
 from redis import Redis
 
@@ -23,12 +23,13 @@ from order_timeout.exceptions import OrderClosed
 from order_timeout.models import Order
 from order_timeout.queue import TimeoutQueue
 from order_timeout.queue.wakeups import WakeListener
+from order_timeout.reporting.metrics import ConsumerMetrics
 from order_timeout.scheduling import order_kinds
 from order_timeout.signals import order_expired, orders_expired
 from order_timeout.timers.members import deadline_score, now_score
 from testproject.shop.models import Expiry, Purchase
 
-from .conftest import Clock, both_models, both_redis, finish, running, wait_for
+from .conftest import Clock, PrivateRedis, both_models, both_redis, finish, running, time_left, wait_for
 from .helpers import (
     INNODB_TRX_POLL,
     Traffic,
@@ -346,6 +347,50 @@ def test_lost_redis_is_logged_and_retried_until_it_returns(private_redis, make_o
         wait_for(lambda: Order.objects.get(pk=order.pk).status == "closed")
 
     assert "Redis failed" in caplog.text
+
+
+
+class OutageRightAfterTheClaim(ConsumerMetrics):
+    """Metrics that, told of a claim, take Redis and this thread's database away: the batch is in
+    hand, and can be neither acted on nor put back."""
+
+    def __init__(self, redis: PrivateRedis) -> None:
+        super().__init__(enabled=False)
+        self.redis = redis
+
+    def claimed(self, seconds: float, size: int) -> None:
+        if not size:
+            return
+        self.redis.stop()
+        gone = connections["default"]
+        gone.close()
+        gone.settings_dict = {**gone.settings_dict, "HOST": "127.0.0.1", "PORT": 1}
+
+
+def test_a_batch_it_can_neither_act_on_nor_put_back_waits_for_its_lease_and_the_line_names_its_kind(
+        private_redis, consumer, make_order, caplog):
+    make_order(in_seconds=-1)
+    worker = consumer(metrics=OutageRightAfterTheClaim(private_redis))
+    raised = []
+
+    def run_once_in_a_thread_of_its_own():
+        # Connections are per thread: only this one's points at a closed port.
+        try:
+            worker.run_once()
+        except DatabaseError as exc:
+            raised.append(exc)
+        finally:
+            connections["default"].close()
+
+    with caplog.at_level(logging.WARNING, logger="order_timeout"):
+        thread = threading.Thread(target=run_once_in_a_thread_of_its_own)
+        thread.start()
+        thread.join(time_left())
+
+    assert raised, "the database's failure is the loop's to retry"
+    assert [record.getMessage() for record in caplog.records if "put back" in record.getMessage()] == [
+        "close: could not put back 1 claimed member(s): Redis is unreachable; they are taken over when their "
+        "lease runs out."]
 
 
 def test_a_shops_own_order_model_is_closed_the_same_way(consumer, clock):

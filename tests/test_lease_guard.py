@@ -7,8 +7,10 @@ import threading
 
 import pytest
 
+from order_timeout.queue import TimeoutQueue
 from order_timeout.timers.leases import LeaseGuard
 from order_timeout.timers.members import now_score
+from order_timeout.timers.registry import REMINDERS
 
 from .conftest import wait_for
 from .helpers import claim_everywhere
@@ -69,6 +71,33 @@ def test_an_unexpected_error_in_the_guard_is_logged_and_the_guard_goes_on(make_o
     assert failures == [1]
     assert "OverflowError: a clock that went wrong once" in caplog.text
     assert queue.positions([str(order.pk)])[str(order.pk)].lease_ms <= now_score_now()
+
+
+
+def test_leases_it_can_neither_renew_nor_hand_over_are_logged_naming_their_kind(private_redis, caplog):
+    """Redis gone under a batch of reminders: each line says whose leases, why, and what happens next."""
+    queue = TimeoutQueue.from_settings()
+    reminders = queue.of_kind(REMINDERS.key_space)
+    private_redis.stop()
+    guard = LeaseGuard(queue, 0.6, now_score_now)
+
+    def said(text: str) -> list[str]:
+        return [record.getMessage() for record in caplog.records if text in record.getMessage()]
+
+    with caplog.at_level(logging.WARNING, logger="order_timeout"):
+        try:
+            with guard.watching("a-token", ["1"], None, "default", queue=reminders) as batch:
+                wait_for(lambda: batch.given_up.is_set() and said("the batch given up"))
+        finally:
+            guard.close()
+
+    renewals, = set(said("the batch in hand"))
+    assert renewals.startswith("reminders: could not renew the leases of the batch in hand (")
+    assert renewals.endswith("); trying again every 0.2s; once they run out, another consumer may take the "
+                             "batch over.")
+    handing_over, = said("the batch given up")
+    assert handing_over.startswith("reminders: could not hand over the leases of the batch given up (")
+    assert handing_over.endswith("); its members are taken over once their leases run out.")
 
 
 def now_score_now() -> int:

@@ -9,6 +9,7 @@ plus its payment method's window (``WINDOWS``, which a test changes as staff cha
 from __future__ import annotations
 
 import json
+import logging
 from datetime import timedelta
 from io import StringIO
 
@@ -166,10 +167,18 @@ def test_an_order_the_policy_fails_for_keeps_its_deadline_and_is_reported(window
     before = deadline_of(order)
     windows.pop("card")  # the policy now raises KeyError for a card order
 
-    plan = redate()
+    with caplog.at_level(logging.DEBUG, logger="order_timeout"):
+        plan = redate()
 
     assert (plan["failed"], plan["changed"]) == (1, 0) and deadline_of(order) == before
-    assert "raised" in plan["failures"][0] and "left as it was" in caplog.text
+    assert "raised" in plan["failures"][0]
+    # An expected failure: one line, saying why; the policy's traceback at DEBUG.
+    said = [record for record in caplog.records if record.getMessage().startswith("re-date:")]
+    lines = [(line.levelno, line.getMessage(), line.exc_info) for line in said if line.levelno > logging.DEBUG]
+    assert lines == [
+        (logging.WARNING, f"re-date: DEADLINE_POLICY tests.test_redate.by_window raised for {order_model.__name__} "
+                          f"{order.pk!r} (KeyError: 'card'); its deadline is left as it was.", None)]
+    assert [record.exc_info[0] for record in said if record.levelno == logging.DEBUG] == [KeyError]
 
 
 @both_models

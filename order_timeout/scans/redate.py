@@ -32,6 +32,7 @@ from ..db.locks import LockedOrders
 from ..db.primary import on_primary
 from ..models import DeadLetter, PolicyFailed, TimeoutOrderMixin, policy_answer
 from ..ordermodel import get_order_model
+from ..redaction import one_line
 from ..scheduling import schedule
 from ..timers.deadlines import OutsideDeadlines
 from ..timers.kind import Kind
@@ -186,7 +187,10 @@ class Redate:
                 plan.failed += 1
                 if len(plan.failures) < KEPT_FAILURES:
                     plan.failures.append(str(exc))
-                logger.warning("re-date: %s; its deadline is left as it was.", exc, exc_info=exc.__cause__)
+                # An expected failure (a policy that raises for some orders): one line saying why, the
+                # policy's traceback at DEBUG (docs/operations.md, "Log lines to alert on").
+                logger.warning("re-date: %s; its deadline is left as it was.", _why(exc))
+                logger.debug("re-date: %s", exc, exc_info=exc.__cause__)
                 continue
             old = current.get(row.pk)
             if deadline is None and self.undated:
@@ -262,3 +266,8 @@ def rows_filter(pairs: list[str]) -> Q | None:
         condition &= Q(**{lookup: parsed})
     return condition if pairs else None
 
+
+def _why(failed: PolicyFailed) -> str:
+    """The failure on one line, with the error the policy raised (its type and text), if it raised."""
+    cause = failed.__cause__
+    return one_line(failed if cause is None else f"{failed} ({type(cause).__name__}: {cause})")

@@ -160,7 +160,9 @@ class LeaseGuard:
             (batch.queue or self.queue).renew(batch.token, batch.members,
                                               self.clock_ms() + round(1000 * self.lease_seconds))
         except QueueUnavailable as exc:
-            logger.warning("Could not renew the leases of the batch in hand: %s", exc)
+            logger.warning("%s: could not renew the leases of the batch in hand (%s); trying again every %gs; "
+                           "once they run out, another consumer may take the batch over.",
+                           self._kind(batch), exc, self.lease_seconds / 3)
 
     def _give_up(self, batch: WatchedBatch) -> None:
         # Marked under the lock, so the mark is final once the batch is let go
@@ -178,7 +180,7 @@ class LeaseGuard:
         logger.warning(
             "%s: a batch of %d still running after BATCH_TIME_LIMIT (%gs): giving it up; %s, and its "
             "members are taken over as a batch, then one at a time if it dies again.",
-            kind_name((batch.queue or self.queue).kind), len(batch.members), self.time_limit,
+            self._kind(batch), len(batch.members), self.time_limit,
             "its database session is ended" if batch.session is not None
             else "its transaction is left to the server's time limits")
         if batch.session is not None:
@@ -186,14 +188,19 @@ class LeaseGuard:
         try:
             (batch.queue or self.queue).hand_over(batch.token, batch.members, self.clock_ms())
         except QueueUnavailable as exc:
-            logger.warning("Could not hand over the leases of the batch given up: %s", exc)
+            logger.warning("%s: could not hand over the leases of the batch given up (%s); its members are "
+                           "taken over once their leases run out.", self._kind(batch), exc)
+
+    def _kind(self, batch: WatchedBatch) -> str:
+        """The batch's kind, as every line about it names it ("close", "reminders", a timer's name)."""
+        return kind_name((batch.queue or self.queue).kind)
 
     def _stuck(self, batch: WatchedBatch) -> None:
         batch.reported_stuck = True
         logger.critical(
             "%s: the batch given up %.1fs ago is still in hand: a receiver is stuck outside the "
             "database (members %s). This consumer can close nothing more.",
-            kind_name((batch.queue or self.queue).kind), time.monotonic() - batch.given_up_at,
+            self._kind(batch), time.monotonic() - batch.given_up_at,
             ", ".join(batch.members[:20]))
         if self.on_stuck is not None:
             self.on_stuck(batch)
