@@ -77,7 +77,7 @@ Way = Callable[[Sequence[Key], Refusals, "Exception | None"], Outcome]
 
 
 class _Refused(Exception):
-    """The key's error, not the batch's: a receiver refused it (or a batch of one failed)."""
+    """The key's error, not the batch's: a receiver refused it."""
 
     def __init__(self, refused: dict[Key, BaseException]) -> None:
         super().__init__(refused)
