@@ -34,14 +34,17 @@ class Wording:
             object.__setattr__(self, "doing", f"acting on {self.label}")
 
 
+# The outcomes every family of metrics names alike (the rest each family names its own way).
+_SHARED_METRIC_LABELS = {"not_due": "rescheduled", "busy": "busy", "failed": "failed", "dropped": "dropped",
+                         "abandoned": "abandoned"}
+
 CLOSES = Wording(
     label="close", doing="closing", log_extra="batch",
     outcomes={"acted": "closed", "settled": "skipped_paid", "given_up": "dead_lettered"},
     # order_timeout_closes_total{outcome} (unchanged since 0.1).
     metric_family="closes",
-    metric_labels={"acted": "closed", "settled": "settled", "not_due": "rescheduled", "busy": "busy",
-                   "held": "held", "failed": "failed", "given_up": "dead_lettered", "dropped": "dropped",
-                   "abandoned": "abandoned"},
+    metric_labels={**_SHARED_METRIC_LABELS, "acted": "closed", "settled": "settled", "held": "held",
+                   "given_up": "dead_lettered"},
 )
 
 REMINDERS = Wording(
@@ -50,9 +53,8 @@ REMINDERS = Wording(
     give_up_verb="given up", give_up_next="give-up", give_up_record="failed reminder record(s)",
     # order_timeout_reminders_total{outcome} (unchanged since 0.2).
     metric_family="reminders",
-    metric_labels={"acted": "sent", "settled": "done", "passed": "held", "not_due": "rescheduled",
-                   "busy": "busy", "failed": "failed", "given_up": "given_up", "dropped": "dropped",
-                   "abandoned": "abandoned"},
+    metric_labels={**_SHARED_METRIC_LABELS, "acted": "sent", "settled": "done", "passed": "held",
+                   "given_up": "given_up"},
 )
 
 NOTICES = Wording(
