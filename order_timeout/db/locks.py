@@ -25,10 +25,9 @@ from django.db.models.query import ModelIterable
 from ..conf import settings
 from .keys import KeysIn
 from .session import DatabaseNow, as_read, database_now
-from .templates import Compiled, compiled
+from .templates import Statement, read_in_turn
 
 logger = logging.getLogger("order_timeout")
-
 
 
 
@@ -70,36 +69,37 @@ def lock_orders(manager: Any, pks: Sequence[Any], *, hold: Q | None = None, pend
     ``columns``: read only these (and the key), each row the tuple ``(pk, *columns)``, not every
     column into the model's instances; for a batch no receiver will see.
 
-    ``hold``, ``pending`` and ``settled`` are each asked of the locked rows by one more statement
-    of the same transaction, ``filter(condition, pk IN (...))``: one set-based join per batch,
-    not a subquery per row (a dependent subquery in the locking SELECT ran once per row, and on
-    MySQL it locked the related rows it read, a payment's too). Read after the lock, a condition
-    sees every commit made before the rows were locked, and a payment that must change the
-    order waits for its lock.
+    ``hold``, ``pending`` and ``settled`` are each asked of the batch by one more statement of
+    the same transaction, run after the locking one, ``filter(condition, pk IN (...))``: one
+    set-based join per batch, not a subquery per row (a dependent subquery in the locking SELECT
+    ran once per row, and on MySQL it locked the related rows it read, a payment's too). Read
+    after the lock, a condition sees every commit made before the rows were locked, and a
+    payment that must change the order waits for its lock.
     """
-    if columns is None:
-        found = LockedOrders(rows={order.pk: order for order in _locking(manager, pks)}
-                             if _reads_rows_its_own_way(manager) else _instances(manager, pks))
-        found.db_now = next((order._timeout_db_now for order in found.rows.values()
-                             if order._timeout_db_now is not None), None)
+    conditions = [(name, condition) for name, condition in (("held", hold), ("pending", pending),
+                                                            ("settled", settled)) if condition is not None]
+    meetings = [_meeting(manager, condition) for _name, condition in conditions]
+    if columns is None and _reads_rows_its_own_way(manager):
+        found = LockedOrders(rows={order.pk: order for order in _locking(manager, pks)})
+        answers = read_in_turn(meetings, manager.db, pks)
+        clocks = [order._timeout_db_now for order in found.rows.values()]
     else:
-        names = ("pk", *columns)
-        found = LockedOrders(instances=False, columns=names)
-        shape = ("lock", manager.model._meta.label, type(manager), names, django_settings.USE_TZ)
-        statement = compiled(shape, manager.db,
-                             lambda keys: _locking(manager, keys).values_list(*names, "_timeout_db_now"), pks,
-                             names_first_key=True)
-        fetched = _rows_as_tuples(statement)
-        found.rows = {row[0]: row for row in fetched}
-        found.db_now = next((row[-1] for row in fetched if row[-1] is not None), None)
-    found.db_now = as_read(found.db_now, connections[manager.db])
+        instances = columns is None
+        names = (tuple(field.attname for field in manager.model._meta.concrete_fields) if columns is None
+                 else ("pk", *columns))
+        locked, *answers = read_in_turn([_locking_values(manager, names, instances), *meetings], manager.db, pks)
+        found = LockedOrders(rows=_instances(manager, names, locked) if instances else {row[0]: row for row in locked},
+                             instances=instances, columns=() if instances else names)
+        clocks = [row[-1] for row in locked]
+    found.db_now = as_read(next((clock for clock in clocks if clock is not None), None), connections[manager.db])
     if found.db_now is None and found.rows:
         # The first was locked elsewhere or is gone: one more statement, rarely.
         found.db_now = database_now(manager.db)
-    if found.rows:
-        found.held = _meeting(manager, hold, found.rows) if hold is not None else set()
-        found.pending = _meeting(manager, pending, found.rows) if pending is not None else set(found.rows)
-        found.settled = _meeting(manager, settled, found.rows) if settled is not None else set()
+    for (name, _condition), rows in zip(conditions, answers, strict=True):
+        # A condition over a related table may match a row more than once: a set, of locked rows only.
+        setattr(found, name, {row[0] for row in rows if row[0] in found.rows})
+    if pending is None:
+        found.pending = set(found.rows)
     absent = [pk for pk in pks if pk not in found.rows]
     if absent:
         found.busy = set(manager.filter(KeysIn(absent)).values_list("pk", flat=True))
@@ -129,85 +129,32 @@ def _reads_rows_its_own_way(manager: Any) -> bool:
                 or query.deferred_loading != (frozenset(), True))
 
 
-def _instances(manager: Any, pks: Sequence[Any]) -> dict[Any, Any]:
+def _locking_values(manager: Any, names: tuple[str, ...], instances: bool) -> Statement:
+    """The locking ``SELECT``, each row the tuple of ``names`` and the database's clock."""
+    shape = ("instances" if instances else "lock", manager.model._meta.label, type(manager), names,
+             django_settings.USE_TZ)
+    return Statement(shape, lambda keys: _locking(manager, keys).values_list(*names, "_timeout_db_now"),
+                     names_first_key=True)
+
+
+def _instances(manager: Any, names: tuple[str, ...], locked: list[tuple[Any, ...]]) -> dict[Any, Any]:
     """The locked rows as the model's instances, by key, each built by the model's own ``from_db``
     from every concrete column, as the queryset would build it (the same values, of the same
-    types and zones); the statement from its template, its rows read as ``_rows_as_tuples`` reads
-    them. The queryset compiled the statement each batch and converted each row value by value."""
-    model = manager.model
-    names = tuple(field.attname for field in model._meta.concrete_fields)
-    shape = ("instances", model._meta.label, type(manager), names, django_settings.USE_TZ)
-    statement = compiled(shape, manager.db,
-                         lambda keys: _locking(manager, keys).values_list(*names, "_timeout_db_now"), pks,
-                         names_first_key=True)
-    db = manager.db
+    types and zones). The queryset compiled the statement each batch and converted each row
+    value by value."""
+    model, db = manager.model, manager.db
     rows = {}
-    for row in _rows_as_tuples(statement):
+    for row in locked:
         instance = model.from_db(db, names, row[:-1])
         instance._timeout_db_now = row[-1]
         rows[instance.pk] = instance
     return rows
 
 
-def _rows_as_tuples(statement: Compiled) -> list[tuple[Any, ...]]:
-    """The statement's rows, each the driver's tuple, converted as Django would convert them.
-
-    Read through the cursor, not a queryset's iterator: that converts each row in Python,
-    value by value (on MySQL a ``make_aware`` per DATETIME, two a row), where here a column that
-    needs converting is converted whole, and most need nothing (an integer key, a status).
-    """
-    connection = statement.connection
-    with connection.cursor() as cursor:
-        _timestamps_read_in_c(cursor)
-        cursor.execute(statement.sql, statement.params)
-        fetched = cursor.fetchall()
-    if fetched and statement.converters:
-        columns = list(zip(*fetched, strict=True))
-        for at, (functions, expression) in statement.converters.items():
-            columns[at] = _converted(columns[at], functions, expression, connection)
-        fetched = list(zip(*columns, strict=True))
-    return list(fetched)
-
-
-def _timestamps_read_in_c(cursor: Any) -> None:
-    """On PostgreSQL (psycopg 3), this cursor reads a ``timestamptz`` with psycopg's own loader.
-
-    Django's is a subclass of it in Python (to hand back its own time zone object), so psycopg
-    never swaps in its C twin: 3 us a value, a deadline a row. psycopg's own reads the instant
-    in the session's time zone, which Django set to the connection's: the same instant, aware
-    either way. Not without ``USE_TZ``: there Django's loader drops the zone.
-    """
-    adapters = getattr(getattr(cursor, "cursor", None), "adapters", None)
-    if adapters is None or not django_settings.USE_TZ:
-        return  # MySQL, psycopg2
-    from psycopg.types.datetime import TimestamptzLoader
-
-    adapters.register_loader("timestamptz", TimestamptzLoader)
-
-
-def _converted(values: Sequence[Any], functions: list[Any], expression: Any, connection: Any) -> tuple[Any, ...]:
-    """A column's values as Django's converters make them, the common one without a call a value."""
-    mysql_datetime = getattr(type(connection.ops), "convert_datetimefield_value", None)
-    if (connection.vendor == "mysql" and len(functions) == 1
-            and getattr(functions[0], "__func__", None) is mysql_datetime):
-        # MySQL's converter is make_aware() in the connection's time zone: a naive DATETIME
-        # given its zone, which is what replace() does with a zoneinfo zone.
-        zone = connection.timezone
-        return tuple([None if value is None else value.replace(tzinfo=zone) for value in values])
-    converted = []
-    for value in values:
-        for function in functions:
-            value = function(value, expression, connection)
-        converted.append(value)
-    return tuple(converted)
-
-
-def _meeting(manager: Any, condition: Q, rows: dict[Any, Any]) -> set[Any]:
-    """The keys among ``rows`` whose row meets ``condition`` (a condition over a related table
-    may match a row more than once: a set)."""
-    statement = compiled(("meeting", manager.model._meta.label, type(manager), condition), manager.db,
-                         lambda keys: _rows_meeting(manager, condition, keys).values_list("pk"), list(rows))
-    return {row[0] for row in _rows_as_tuples(statement)}
+def _meeting(manager: Any, condition: Q) -> Statement:
+    """The keys among the batch's whose row meets ``condition``."""
+    return Statement(("meeting", manager.model._meta.label, type(manager), condition),
+                     lambda keys: _rows_meeting(manager, condition, keys).values_list("pk"))
 
 
 def _rows_meeting(manager: Any, condition: Q, pks: Sequence[Any]) -> Any:

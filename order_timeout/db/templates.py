@@ -1,4 +1,5 @@
-"""The batch's statements compiled by Django once per shape, each batch's integer keys written in.
+"""The batch's statements compiled by Django once per shape, each batch's integer keys written in,
+and read as the driver's tuples, converted as Django would convert them.
 
 Every batch asks the same statements of the database (the locking ``SELECT``,
 a hold's), only its keys differ. Building and compiling one through the ORM
@@ -26,6 +27,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings as django_settings
 from django.db import connections
 
 # The marker key: 2**53 + 1, or the largest a smaller integer key can hold (Django leaves a
@@ -56,8 +58,26 @@ class _Template:
     converters: dict[int, tuple[list[Any], Any]]
 
 
+@dataclass(frozen=True)
+class Statement:
+    """One statement a batch asks: what it depends on besides the keys (``shape``), how to build it
+    for some keys (a queryset), and whether it names the first key among its parameters too."""
+
+    shape: Hashable
+    build: Callable[[Sequence[Any]], Any]
+    names_first_key: bool = False
+
+
 _templates: OrderedDict[Hashable, _Template | None] = OrderedDict()
 _lock = threading.Lock()
+
+
+def read_in_turn(statements: Sequence[Statement], using: str, pks: Sequence[Any]) -> list[list[tuple[Any, ...]]]:
+    """Each statement for ``pks``, compiled (``compiled``) and run in the order given, in the caller's
+    transaction; the rows of each, as ``read_rows`` reads them."""
+    return [read_rows(compiled(statement.shape, using, statement.build, pks,
+                             names_first_key=statement.names_first_key))
+            for statement in statements]
 
 
 def compiled(shape: Hashable, using: str, build: Callable[[Sequence[Any]], Any], pks: Sequence[Any], *,
@@ -123,3 +143,56 @@ def _hashable(shape: Hashable) -> bool:
 def _converters(compiler: Any) -> dict[int, tuple[list[Any], Any]]:
     return dict(compiler.get_converters([column for column, _sql, _alias in compiler.select]))
 
+
+
+def read_rows(statement: Compiled) -> list[tuple[Any, ...]]:
+    """The statement's rows, each the driver's tuple, converted as Django would convert them.
+
+    Read through the cursor, not a queryset's iterator: that converts each row in Python,
+    value by value (on MySQL a ``make_aware`` per DATETIME, two a row), where here a column that
+    needs converting is converted whole, and most need nothing (an integer key, a status).
+    """
+    connection = statement.connection
+    with connection.cursor() as cursor:
+        _timestamps_read_in_c(cursor)
+        cursor.execute(statement.sql, statement.params)
+        fetched = cursor.fetchall()
+    if fetched and statement.converters:
+        columns = list(zip(*fetched, strict=True))
+        for at, (functions, expression) in statement.converters.items():
+            columns[at] = _converted(columns[at], functions, expression, connection)
+        fetched = list(zip(*columns, strict=True))
+    return list(fetched)
+
+
+def _timestamps_read_in_c(cursor: Any) -> None:
+    """On PostgreSQL (psycopg 3), this cursor reads a ``timestamptz`` with psycopg's own loader.
+
+    Django's is a subclass of it in Python (to hand back its own time zone object), so psycopg
+    never swaps in its C twin: 3 us a value, a deadline a row. psycopg's own reads the instant
+    in the session's time zone, which Django set to the connection's: the same instant, aware
+    either way. Not without ``USE_TZ``: there Django's loader drops the zone.
+    """
+    adapters = getattr(getattr(cursor, "cursor", None), "adapters", None)
+    if adapters is None or not django_settings.USE_TZ:
+        return  # MySQL, psycopg2
+    from psycopg.types.datetime import TimestamptzLoader
+
+    adapters.register_loader("timestamptz", TimestamptzLoader)
+
+
+def _converted(values: Sequence[Any], functions: list[Any], expression: Any, connection: Any) -> tuple[Any, ...]:
+    """A column's values as Django's converters make them, the common one without a call a value."""
+    mysql_datetime = getattr(type(connection.ops), "convert_datetimefield_value", None)
+    if (connection.vendor == "mysql" and len(functions) == 1
+            and getattr(functions[0], "__func__", None) is mysql_datetime):
+        # MySQL's converter is make_aware() in the connection's time zone: a naive DATETIME
+        # given its zone, which is what replace() does with a zoneinfo zone.
+        zone = connection.timezone
+        return tuple([None if value is None else value.replace(tzinfo=zone) for value in values])
+    converted = []
+    for value in values:
+        for function in functions:
+            value = function(value, expression, connection)
+        converted.append(value)
+    return tuple(converted)
