@@ -346,13 +346,13 @@ def broken_dead_letter_table():
 @pytest.mark.parametrize("settled_as", ["paid", "closed"])
 def test_an_order_settled_before_its_dead_letter_is_written_gets_none(make_order, settled_as):
     """The consumer's last try failed; the payment committed before the letter was written."""
-    from order_timeout.timers.giving_up import Failure, record
+    from order_timeout.timers.giving_up import Failure, bury
     from order_timeout.timers.registry import ORDER_TIMEOUT
 
     order = make_order(in_seconds=-1)
     set_state(order, settled_as)
 
-    burial = record(ORDER_TIMEOUT, [Failure(order.pk, 4, now_score(timezone.now()), StockServiceDown("x"))],
+    burial = bury(ORDER_TIMEOUT, [Failure(order.pk, 4, now_score(timezone.now()), StockServiceDown("x"))],
                     timezone.now())
 
     assert not DeadLetter.objects.exists()
@@ -360,7 +360,7 @@ def test_an_order_settled_before_its_dead_letter_is_written_gets_none(make_order
 
 
 def test_a_dead_letter_is_written_for_the_unpaid_orders_of_a_failure_only(make_order):
-    from order_timeout.timers.giving_up import Failure, record
+    from order_timeout.timers.giving_up import Failure, bury
     from order_timeout.timers.registry import ORDER_TIMEOUT
 
     unpaid, paid = make_order(in_seconds=-1), make_order(in_seconds=-1)
@@ -368,7 +368,7 @@ def test_a_dead_letter_is_written_for_the_unpaid_orders_of_a_failure_only(make_o
     now = timezone.now()
     failures = [Failure(o.pk, 4, now_score(now), StockServiceDown("x")) for o in (unpaid, paid)]
 
-    burial = record(ORDER_TIMEOUT, [*failures, Failure(10**9, 4, now_score(now), StockServiceDown("x"))], now)
+    burial = bury(ORDER_TIMEOUT, [*failures, Failure(10**9, 4, now_score(now), StockServiceDown("x"))], now)
 
     assert list(DeadLetter.objects.values_list("order_id", flat=True)) == [str(unpaid.pk)]
     assert (burial.buried, burial.settled, burial.missing) == ([unpaid.pk], [paid.pk], [10**9])

@@ -45,7 +45,7 @@ class Failure:
 
 @dataclass
 class Burial:
-    """What ``record`` did with each failure's key."""
+    """What ``bury`` did with each failure's key."""
 
     buried: list[Key] = field(default_factory=list)
     # Settled by the time its letter would be written: nobody needs to look at it.
@@ -78,7 +78,7 @@ def describe(error: BaseException) -> tuple[str, str]:
     return name[:255], f"{name}: {message}" if message else name
 
 
-def record(kind: Buries, failures: Sequence[Failure], now: datetime) -> Burial:
+def bury(kind: Buries, failures: Sequence[Failure], now: datetime) -> Burial:
     """Write (or update) one open dead letter per failed key whose row is still pending."""
     model = kind.model
     label = model._meta.label

@@ -316,9 +316,9 @@ class Kind(Declarable):
 
     def give_up(self, failures: Sequence[Any], now: datetime) -> Any:
         """Record the keys whose act kept failing (a dead letter each, for staff); a ``Burial``."""
-        from .giving_up import record
+        from .giving_up import bury
 
-        return record(self, failures, now)
+        return bury(self, failures, now)
 
     def settled_recheck_ms(self, now: datetime) -> int:
         """When to look at a row its settled condition settles again: HOLD_RECHECK from now (it is
