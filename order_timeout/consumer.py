@@ -206,7 +206,7 @@ class Consumer:
                       else self.kinds[0].using if self.kinds else DEFAULT_DB_ALIAS)
         self.clock = DatabaseClock(now, follow_database=follow_database_clock)
         self.watch = BatchWatch(self.batch_time_limit)
-        self.lifecycle = Lifecycle(clock=self.clock, watch=self.watch, metrics=self.metrics,
+        self.lifecycle = Lifecycle(clock=self.clock, watch=self.watch,
                                    retry_delays_ms=[round(1000 * delay) for delay in settings.RETRY_DELAYS],
                                    max_takeovers=settings.MAX_TAKEOVERS, lease_ms=self.lease_ms)
         # Each kind's queue on the same client, prefix and shards; its shards are lanes.
@@ -315,12 +315,13 @@ class Consumer:
         try:
             report = self.lifecycle.process(kind, queue, claim, now, ack=self._ack_later(queue, claim))
         except DatabaseError:
-            self._release(queue, claim, now)
+            self._release(kind, queue, claim, now)
             raise
         if report.timing is not None:
             self.sizes.finished(self._claimed_lane, claimed=len(claim.members), seconds=report.timing.seconds,
                                 given_up=report.timing.given_up, done=report.timing.done)
         self.stats.add(kind, report)
+        self.metrics.count_report(kind, report)
         return report
 
     def run_once(self, due_by: datetime | None = None) -> Claim:
@@ -379,13 +380,14 @@ class Consumer:
 
         return keep
 
-    def _release(self, queue: TimeoutQueue, claim: Claim, now: datetime) -> None:
+    @staticmethod
+    def _release(kind: Kind, queue: TimeoutQueue, claim: Claim, now: datetime) -> None:
         """The database failed us, not the rows: put them back, due, without counting a takeover."""
         try:
             queue.reschedule(claim.token, {member: now_score(now) for member in claim.members})
         except QueueUnavailable:
             logger.warning("%s: could not put back %d claimed member(s): Redis is unreachable; they are taken "
-                           "over when their lease runs out.", self.kind_of(claim)[0].label, len(claim.members))
+                           "over when their lease runs out.", kind.label, len(claim.members))
 
     def _log(self, kind: Kind, report: Report, started: float) -> None:
         fields = {**self.stats.of(kind.name).named(report),

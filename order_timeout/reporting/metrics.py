@@ -105,11 +105,12 @@ class ConsumerMetrics:
             "Seconds from a declared timer's deadline to the commit of its act.", ["timer"],
             buckets=LATENESS_BUCKETS, registry=self.registry)
 
-    def record(self, kind: Any, report: Any, seconds: float, lateness: Iterable[float]) -> None:
-        """One batch of any kind (its ``timers.outcome.Report``), counted in its kind's family of
-        metrics, by its kind's labels."""
-        if not self.enabled:
+    def count_report(self, kind: Any, report: Any) -> None:
+        """One settled batch of any kind (its ``timers.outcome.Report``), counted in its kind's family
+        of metrics, by its kind's labels."""
+        if not self.enabled or report.moments is None:
             return
+        seconds, lateness = report.moments.seconds, report.moments.lateness()
         counts = outcome_counts(report)
         labels = kind.wording.metric_labels
         named = {labels[name]: count for name, count in counts.items() if name in labels} if labels else counts

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -34,7 +34,7 @@ from ..queue import BUSY, HELD, Claim, TimeoutQueue
 from .acting import act_on
 from .giving_up import Failure
 from .members import deadline_score, now_score
-from .outcome import Key, Outcome, Report, Timing
+from .outcome import Key, Moments, Outcome, Report, Timing
 from .retrying import Retrier
 
 if TYPE_CHECKING:
@@ -60,18 +60,13 @@ class Clock(Protocol):
     def learn(self, db_now: datetime | None) -> None: ...
 
 
-class Metrics(Protocol):
-    def record(self, kind: Kind, report: Report, seconds: float, lateness: Iterator[float]) -> None: ...
-
-
 class Lifecycle:
     """Process one claim of one kind: ``process(kind, queue, claim, now) -> Report``."""
 
-    def __init__(self, *, clock: Clock, watch: Watch, metrics: Metrics, retry_delays_ms: list[int],
-                 max_takeovers: int, lease_ms: int) -> None:
+    def __init__(self, *, clock: Clock, watch: Watch, retry_delays_ms: list[int], max_takeovers: int,
+                 lease_ms: int) -> None:
         self.clock = clock
         self.watch = watch
-        self.metrics = metrics
         self.retrier = Retrier(retry_delays_ms=retry_delays_ms, lease_ms=lease_ms)
         self.max_takeovers = max_takeovers
 
@@ -101,8 +96,7 @@ class Lifecycle:
         if batch is not None:
             report.timing = Timing(seconds=time.monotonic() - batch.started, given_up=batch.given_up.is_set(),
                                    done=batch.done)
-        self.metrics.record(kind, report, (self.clock() - now).total_seconds(),
-                            ((acted_at - moment).total_seconds() for moment in outcome.moments.values()))
+        report.moments = Moments((self.clock() - now).total_seconds(), acted_at, outcome.moments)
         return report
 
     # -- reading the members ------------------------------------------------------------------

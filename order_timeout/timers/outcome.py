@@ -8,6 +8,7 @@ read them (log lines, metric labels: a close is "closed", a reminder "sent").
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from typing import Any
@@ -71,6 +72,19 @@ class Timing:
     done: int
 
 
+@dataclass(frozen=True)
+class Moments:
+    """A batch by the database-corrected clock: seconds from its claim to its settling, and when its
+    acts committed against the moment each was due (its lateness, counted only when asked for)."""
+
+    seconds: float
+    acted_at: datetime
+    due: Mapping[Key, datetime]
+
+    def lateness(self) -> Iterator[float]:
+        return ((self.acted_at - moment).total_seconds() for moment in self.due.values())
+
+
 @dataclass
 class Report:
     """What one batch did, in the lifecycle's words; a kind's wording names them for people."""
@@ -88,10 +102,12 @@ class Report:
     abandoned: int = 0
     # The batch's timing (None when no guard watched it: outside ``run()``); not a count, not added.
     timing: Timing | None = None
+    # The batch by the database-corrected clock (None until it is settled); not a count, not added.
+    moments: Moments | None = None
 
     def add(self, other: Report) -> None:
         for item in fields(self):
-            if item.name != "timing":
+            if item.name not in ("timing", "moments"):
                 setattr(self, item.name, getattr(self, item.name) + getattr(other, item.name))
 
     def as_dict(self) -> dict[str, Any]:
