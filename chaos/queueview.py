@@ -104,6 +104,22 @@ def flush() -> None:
     _queue().client.flushdb(**_on_every_primary())
 
 
+def mark_every_shard() -> None:
+    """A key of the harness's own beside each shard's keys (under its hash tag: on the same server
+    of a Redis Cluster). Nothing of the app writes it, so it is gone only once the server lost what
+    it held: a consumer's rebuild, which may refill the queue as the server answers, cannot hide
+    the loss as a count of queued members could."""
+    queue = _queue()
+    for shard in queue.shards:
+        queue.client.set(f"{shard.keys.tag}:chaos-mark", 1)
+
+
+def marks_left() -> int:
+    """How many shards' servers still hold the harness's mark (``mark_every_shard``)."""
+    queue = _queue()
+    return sum(int(queue.client.exists(f"{shard.keys.tag}:chaos-mark")) for shard in queue.shards)
+
+
 def quarantined() -> int:
     """Members in the quarantine of every shard and kind."""
     now = now_score(timezone.now())
