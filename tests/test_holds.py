@@ -180,6 +180,21 @@ def test_the_hold_condition_costs_one_statement_per_batch_not_one_per_order(hold
     assert with_holds.count("SELECT FOR UPDATE") == 1
 
 
+def test_a_batch_whose_rows_are_all_locked_elsewhere_asks_no_hold_of_them(holds, make_order, consumer, clock):
+    """Seen in the benchmark's reminders row: a batch all busy (locked by another consumer's close)
+    still asked its conditions, a statement for nothing."""
+    order = make_order(in_seconds=-1)
+    start_payment(order)
+
+    with row_locked_elsewhere(Order, order.pk), CaptureQueriesContext(connection) as queries:
+        stats = consumer().run(once=True)
+
+    assert (stats.held, stats.closed) == (0, 0) and state(order) == "unpaid"
+    asked_the_hold = [query["sql"] for query in queries.captured_queries
+                      if "payment" in query["sql"].lower() and "FOR UPDATE" not in query["sql"]]
+    assert asked_the_hold == []
+
+
 def test_the_hold_condition_may_be_the_dotted_path_of_a_callable(settings, make_order, consumer):
     settings.ORDER_TIMEOUT = {**settings.ORDER_TIMEOUT,
                               "HOLD_CONDITION": "testproject.shop.payments.in_flight"}

@@ -81,13 +81,15 @@ def lock_orders(manager: Any, pks: Sequence[Any], *, hold: Q | None = None, pend
     meetings = [_meeting(manager, condition) for _name, condition in conditions]
     if columns is None and _reads_rows_its_own_way(manager):
         found = LockedOrders(rows={order.pk: order for order in _locking(manager, pks)})
-        answers = read_in_turn(meetings, manager.db, pks)
+        answers = read_in_turn(meetings, manager.db, pks) if found.rows else [[] for _ in meetings]
         clocks = [order._timeout_db_now for order in found.rows.values()]
     else:
         instances = columns is None
         names = (tuple(field.attname for field in manager.model._meta.concrete_fields) if columns is None
                  else ("pk", *columns))
-        locked, *answers = read_in_turn([_locking_values(manager, names, instances), *meetings], manager.db, pks)
+        # The conditions are asked only of a batch that locked a row (all of it busy: none).
+        locked, *answers = read_in_turn([_locking_values(manager, names, instances), *meetings], manager.db, pks,
+                                         unless_the_first_finds_none=True)
         found = LockedOrders(rows=_instances(manager, names, locked) if instances else {row[0]: row for row in locked},
                              instances=instances, columns=() if instances else names)
         clocks = [row[-1] for row in locked]

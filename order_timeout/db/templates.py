@@ -72,12 +72,19 @@ _templates: OrderedDict[Hashable, _Template | None] = OrderedDict()
 _lock = threading.Lock()
 
 
-def read_in_turn(statements: Sequence[Statement], using: str, pks: Sequence[Any]) -> list[list[tuple[Any, ...]]]:
+def read_in_turn(statements: Sequence[Statement], using: str, pks: Sequence[Any], *,
+                 unless_the_first_finds_none: bool = False) -> list[list[tuple[Any, ...]]]:
     """Each statement for ``pks``, compiled (``compiled``) and run in the order given, in the caller's
-    transaction; the rows of each, as ``read_rows`` reads them."""
-    return [read_rows(compiled(statement.shape, using, statement.build, pks,
-                             names_first_key=statement.names_first_key))
-            for statement in statements]
+    transaction; the rows of each, as ``read_rows`` reads them. ``unless_the_first_finds_none``:
+    the rest are not run (and read as empty) when the first found no row."""
+    answers: list[list[tuple[Any, ...]]] = []
+    for statement in statements:
+        if unless_the_first_finds_none and answers and not answers[0]:
+            answers.append([])
+            continue
+        answers.append(read_rows(compiled(statement.shape, using, statement.build, pks,
+                                          names_first_key=statement.names_first_key)))
+    return answers
 
 
 def compiled(shape: Hashable, using: str, build: Callable[[Sequence[Any]], Any], pks: Sequence[Any], *,
