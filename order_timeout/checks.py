@@ -372,6 +372,19 @@ def check_dedicated_alias(app_configs: Any = None, **kwargs: Any) -> list[checks
 MIN_REDIS = (6, 2)
 
 
+@checks.register(TAG, deploy=True)
+def check_not_testing_without_redis(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``manage.py check --deploy``: TESTING_WITHOUT_REDIS is for a test suite only. Not told by DEBUG:
+    Django runs tests with DEBUG off."""
+    if not settings.TESTING_WITHOUT_REDIS:
+        return []
+    return [checks.Error(
+        "ORDER_TIMEOUT['TESTING_WITHOUT_REDIS'] is on: saves do not reach Redis and no consumer is told of "
+        "a deadline; only order_timeout.testing's runner acts, in tests.",
+        hint="Set it in your test settings only (docs/testing.md), never where orders are taken.",
+        id="order_timeout.E020")]
+
+
 @checks.register(checks.Tags.caches, TAG, deploy=True)
 def check_redis_server(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``manage.py check --deploy``: the queue's Redis itself (version, eviction, persistence)."""

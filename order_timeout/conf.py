@@ -118,6 +118,10 @@ DEFAULTS: dict[str, Any] = {
     # error, for anyone who may view dead letters to read. False: only the
     # "Type: message" line (the consumer's log keeps the traceback).
     "DEAD_LETTER_TRACEBACKS": False,
+    # For a test suite run where no Redis is: saves do not try to reach Redis, and
+    # order_timeout.testing's runner finds what is due from the rows (docs/testing.md). Never in
+    # production, where nothing would close an order: ``check --deploy`` fails while it is on.
+    "TESTING_WITHOUT_REDIS": False,
     # A payment in flight holds its order past the deadline: a Q over the order
     # model (Q(payments__state="pending")), or the dotted path of a callable
     # returning one. Evaluated in the closing transaction's locking SELECT; an
@@ -369,6 +373,7 @@ VALIDATORS: dict[str, Callable[[str, Any], None]] = {
     "GIVE_BACK_GRACE": _non_negative_number,
     "METRICS_TOKEN": _token,
     "DEAD_LETTER_TRACEBACKS": _bool,
+    "TESTING_WITHOUT_REDIS": _bool,
     "HOLD_CONDITION": _hold_condition,
     "SETTLED_CONDITION": _hold_condition,
     "CLOSE_FIELDS": _close_fields,

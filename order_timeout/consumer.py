@@ -324,6 +324,28 @@ class Consumer:
         self.metrics.count_report(kind, report)
         return report
 
+    def drain(self, now: Callable[[], datetime]) -> Report:
+        """Claim and process every batch due by ``now()`` (asked again before each claim), in this
+        thread and on its connection, then ack; the reports added up. What ``run(once=True)`` does
+        without its threads (heartbeat, lease guard, wake-ups), session limits or recycled
+        connections, so it may run inside the caller's transaction: order_timeout.testing's runner,
+        in a test's."""
+        self._lets_gather = False
+        if not self._pauses_loaded:
+            self.pauses.load()
+            self._pauses_loaded = True
+        total = Report()
+        try:
+            while True:
+                at = now()
+                claim = self.claim(at)
+                if claim.members:
+                    total.add(self.process(claim, at))
+                elif not self.rota.has_due(now_score(at)):
+                    return total  # every lane asked, none has anything due
+        finally:
+            self.flush_acks()
+
     def run_once(self, due_by: datetime | None = None) -> Claim:
         """Claim and process one batch, acked before this returns; returns the claim (empty when
         nothing was due)."""

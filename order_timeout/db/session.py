@@ -17,7 +17,7 @@ import logging
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from weakref import WeakKeyDictionary
 
@@ -42,6 +42,23 @@ MYSQL_UNKNOWN_THREAD = 1094
 # with it); never filled under session pooling, so there ``limit_transaction`` sends nothing.
 _transaction_limits: WeakKeyDictionary[BaseDatabaseWrapper, float] = WeakKeyDictionary()
 
+# How far ahead of the database's clock the app judges what is due: zero, except while a test
+# moves time (order_timeout.testing.travel). Every read of the database's clock by the app goes
+# through ``database_now`` or ``as_read``, so a deadline, a reminder's lead, a hold's longest
+# and a pause are all judged by the same moved clock, and the server's clock is left alone.
+_ahead = timedelta(0)
+
+
+def judge_ahead(by: timedelta) -> None:
+    """Judge what is due ``by`` ahead of the database's clock from now on (``timedelta(0)``: as it
+    is); for tests only (order_timeout.testing)."""
+    global _ahead
+    _ahead = by
+
+
+def judged_ahead() -> timedelta:
+    return _ahead
+
 
 class DatabaseNow(Now):
     """The database server's time now, in UTC.
@@ -62,9 +79,11 @@ def as_read(clock: datetime | None, connection: Any) -> datetime | None:
     set (a database that stores local times), where a deadline an hour ahead read as due.
     Labelled UTC again; another database's clock comes with its zone and stays as it is.
     """
-    if clock is None or connection.vendor != "mysql" or timezone.is_naive(clock):
-        return clock
-    return clock.replace(tzinfo=UTC)
+    if clock is None:
+        return None
+    if connection.vendor == "mysql" and not timezone.is_naive(clock):
+        clock = clock.replace(tzinfo=UTC)
+    return clock + _ahead if _ahead else clock
 
 
 def database_now(using: str) -> datetime:
@@ -73,11 +92,11 @@ def database_now(using: str) -> datetime:
     sql = {"mysql": "SELECT UTC_TIMESTAMP(6)", "postgresql": "SELECT STATEMENT_TIMESTAMP()"}.get(
         connection.vendor)
     if sql is None:
-        return timezone.now()
+        return timezone.now() + _ahead
     with connection.cursor() as cursor:
         cursor.execute(sql)
         value = cursor.fetchone()[0]
-    return timezone.make_aware(value, UTC) if timezone.is_naive(value) else value
+    return (timezone.make_aware(value, UTC) if timezone.is_naive(value) else value) + _ahead
 
 
 def _limits(connection: BaseDatabaseWrapper, seconds: float) -> dict[str, Any]:

@@ -16,8 +16,9 @@ notices carry it; ``notify()`` refuses a name no handler is declared for.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -98,6 +99,20 @@ class HandlerRegistry:
         except KeyError:
             known = ", ".join(map(repr, self._handlers)) or "none"
             raise LookupError(f"no notice handler named {name!r} is declared (declared: {known})") from None
+
+    @contextmanager
+    def sending_to(self, send: Send) -> Iterator[None]:
+        """Every declared handler sends through ``send`` for a while, its name, timeout and
+        condition kept: a test's local outbox (order_timeout.testing), as Django's locmem e-mail
+        backend stands in for the mail server."""
+        declared = dict(self._handlers)
+        self._handlers = {name: replace(handler, send=send) for name, handler in declared.items()}
+        try:
+            yield
+        finally:
+            # Those declared meanwhile stay as they were declared.
+            self._handlers = {**{name: handler for name, handler in self._handlers.items() if name not in declared},
+                              **declared}
 
     def names(self) -> list[str]:
         return list(self._handlers)

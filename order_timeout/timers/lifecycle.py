@@ -135,11 +135,7 @@ class Lifecycle:
             # Hand them to the next claim at once (the guard did, unless it was not there).
             queue.hand_over(token, [by_key[key] for key in outcome.abandoned], now_score(self.clock()))
         report.given_up += self.retrier.retry_or_give_up(kind, queue, token, outcome.failed, by_key, now)
-        report.acted, report.passed = len(outcome.acted), len(outcome.passed)
-        report.settled = len(outcome.settled) + len(outcome.kept)
-        report.rescheduled, report.busy, report.held = len(outcome.not_due), len(outcome.busy), len(outcome.held)
-        report.failed, report.abandoned = len(outcome.failed), len(outcome.abandoned)
-        report.dropped += len(outcome.missing)
+        report.count(outcome)
 
     def _give_up_taken_over(self, kind: Kind, queue: TimeoutQueue, claim: Claim, by_key: dict[Key, str],
                             now: datetime, report: Report) -> Report:

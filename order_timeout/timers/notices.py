@@ -18,8 +18,9 @@ outside world's at least once, with a key to recognise a repeat by.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -63,6 +64,8 @@ class Notices(Kind):
     def __init__(self) -> None:
         super().__init__()
         self._pool: ThreadPoolExecutor | None = None
+        # Handlers run on the caller's thread, not the pool's (``delivering_here``).
+        self._here = False
 
     @property
     def model(self) -> Any:  # type: ignore[override]
@@ -142,17 +145,22 @@ class Notices(Kind):
         """Run each notice's handler, all at once; mark the delivered; the failures, by key."""
         notices = [notice for _key, notice in due]
         objects = _objects_of(notices)
-        pool = self._threads()
-        futures = {notice.pk: pool.submit(_run, notice, objects.get((notice.object_model, notice.object_id)))
-                   for notice in notices}
+        answers: Iterable[tuple[Key, BaseException | None]]
+        if self._here:
+            answers = {notice.pk: _run(notice, objects.get((notice.object_model, notice.object_id)), tidy=False)
+                       for notice in notices}.items()
+        else:
+            pool = self._threads()
+            futures = {notice.pk: pool.submit(_run, notice, objects.get((notice.object_model, notice.object_id)))
+                       for notice in notices}
+            answers = ((pk, future.result()) for pk, future in futures.items())
         failed: dict[Key, BaseException] = {}
-        for pk, future in futures.items():
-            error = future.result()
+        for pk, error in answers:
             if error is not None:
                 failed[pk] = error
             if progress is not None:
                 progress()
-        delivered = [pk for pk in futures if pk not in failed]
+        delivered = [notice.pk for notice in notices if notice.pk not in failed]
         try:
             self._record(delivered, failed)
         except DatabaseError:
@@ -177,6 +185,16 @@ class Notices(Kind):
                     last_error=f"{type(error).__name__}: {error}"[:2000],
                     **({"last_answer": rejected[pk].answer[:10_000]} if pk in rejected else {}))
 
+    @contextmanager
+    def delivering_here(self) -> Iterator[None]:
+        """Run the handlers on this thread for a while, one after the other, on its connection: a
+        test's (order_timeout.testing), whose transaction the pool's connections cannot see into."""
+        here, self._here = self._here, True
+        try:
+            yield
+        finally:
+            self._here = here
+
     def _threads(self) -> ThreadPoolExecutor:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=DELIVERIES_AT_ONCE, thread_name_prefix="notice")
@@ -186,8 +204,9 @@ class Notices(Kind):
         raise TypeError("notices are delivered outside the transaction (deliver()), never acted on inside it")
 
 
-def _run(notice: Notice, obj: Any) -> BaseException | None:
-    """One handler, on a thread of the pool: None when it delivered, else what it raised."""
+def _run(notice: Notice, obj: Any, *, tidy: bool = True) -> BaseException | None:
+    """One handler, on a thread of the pool: None when it delivered, else what it raised. ``tidy``
+    False: on the caller's thread, whose connection (and transaction) is the caller's to keep."""
     try:
         handler = handlers.get(notice.handler)
         # A notice about an object stores its reference alone; its payload names it.
@@ -199,8 +218,9 @@ def _run(notice: Notice, obj: Any) -> BaseException | None:
         logger.debug("notice %s (%s) failed: %s", notice.pk, notice.handler, exc, exc_info=exc)
         return exc
     finally:
-        # A handler's queries ran on this thread's connection: tidied as a request's would be.
-        close_old_connections()
+        if tidy:
+            # A handler's queries ran on this thread's connection: tidied as a request's would be.
+            close_old_connections()
     return None
 
 

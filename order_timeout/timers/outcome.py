@@ -105,6 +105,18 @@ class Report:
     # The batch by the database-corrected clock (None until it is settled); not a count, not added.
     moments: Moments | None = None
 
+    def count(self, outcome: Outcome) -> None:
+        """Add what became of each key of ``outcome`` (its rows missing count as dropped)."""
+        self.acted += len(outcome.acted)
+        self.passed += len(outcome.passed)
+        self.settled += len(outcome.settled) + len(outcome.kept)
+        self.rescheduled += len(outcome.not_due)
+        self.busy += len(outcome.busy)
+        self.held += len(outcome.held)
+        self.failed += len(outcome.failed)
+        self.abandoned += len(outcome.abandoned)
+        self.dropped += len(outcome.missing)
+
     def add(self, other: Report) -> None:
         for item in fields(self):
             if item.name not in ("timing", "moments"):

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from django.db import router, transaction
 
+from ..conf import settings
 from ..queue import TimeoutQueue
 from ..queue.keys import kind_name
 from ..redaction import masked, one_line
@@ -94,6 +95,8 @@ def follow(kinds: Sequence[Follows], rows: Iterable[Any], *, remember: bool = Fa
     ``remember``: the rows are orders whose copies note what Redis was told
     (``TimeoutOrderMixin``), so a save that changes nothing leaves Redis alone.
     """
+    if settings.TESTING_WITHOUT_REDIS:
+        return  # a test suite with no Redis: the testing runner reads the rows
     by_database: dict[str, _Change] = defaultdict(_Change)
     for row in rows:
         change = by_database[_database(row)]
@@ -108,6 +111,8 @@ def follow(kinds: Sequence[Follows], rows: Iterable[Any], *, remember: bool = Fa
 def follow_members(kind: Follows, using: str, deadlines: dict[str, int]) -> None:
     """``follow`` for members whose scores the caller already has (a batch of new notices): the
     same after-commit sync, without a look at each row."""
+    if settings.TESTING_WITHOUT_REDIS:
+        return
     change = _Change()
     change.deadlines[kind.key_space].update(deadlines)
     transaction.on_commit(partial(_sync, change), using=using)
@@ -115,6 +120,8 @@ def follow_members(kind: Follows, using: str, deadlines: dict[str, int]) -> None
 
 def forget(kinds: Sequence[Follows], rows: Iterable[Any]) -> None:
     """Take these rows off each kind's queue once the transaction commits."""
+    if settings.TESTING_WITHOUT_REDIS:
+        return
     by_database: dict[str, _Change] = defaultdict(_Change)
     for row in rows:
         for kind in kinds:
