@@ -20,7 +20,7 @@ ROUNDS = 15
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("round_", range(ROUNDS))
-def test_with_the_kit(round_):
+def test_with_the_kit(round_: int) -> None:
     order = Order.objects.create(expires_at=timezone.now() + timedelta(minutes=15))
 
     with travel(minutes=20):
@@ -32,7 +32,7 @@ def test_with_the_kit(round_):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("round_", range(ROUNDS))
-def test_with_transaction_true_and_the_command(round_):
+def test_with_transaction_true_and_the_command(round_: int) -> None:
     empty_queues()
     order = Order.objects.create(expires_at=timezone.now() - timedelta(seconds=1))
 
