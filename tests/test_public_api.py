@@ -19,6 +19,9 @@ PUBLIC = {
     "order_timeout.exceptions": ["OrderTimeoutError", "OrderClosed", "StaleOrderStatus", "QueueUnavailable"],
     "order_timeout.admin": ["TimeoutOrderAdminMixin", "extend_registered_admin"],
     "order_timeout.timers": ["Timer", "register", "NOW", "registry"],
+    "order_timeout.testing": ["run_due", "travel", "clock", "queued_deadline", "capture_notices", "Outbox",
+                              "refused_writes", "empty_queues", "Ran", "TimersClock"],
+    "order_timeout.testing.plugin": ["timeout_runner", "timeout_clock", "timeout_outbox"],
 }
 COMMANDS = ["run_timeout_consumer", "order_timeout_compensate", "order_timeout_status", "order_timeout_backfill",
             "order_timeout_reshard"]
@@ -48,3 +51,16 @@ def test_the_cluster_factory_is_found_by_its_dotted_path_in_caches():
 
     assert import_string("order_timeout.redis_cluster.ClusterConnectionFactory") is ClusterConnectionFactory
 
+
+def test_the_pytest_plugin_is_installed_with_the_app_and_loads_before_django_is_set_up():
+    """pytest loads a plugin before pytest-django configures Django: importing it, or the kit's
+    package, must not touch Django's settings."""
+    import subprocess
+    import sys
+    from importlib.metadata import entry_points
+
+    assert [entry.value for entry in entry_points(group="pytest11") if entry.name == "order_timeout"] == [
+        "order_timeout.testing.plugin"]
+    loaded = subprocess.run([sys.executable, "-c", "import order_timeout.testing.plugin, order_timeout.testing"],
+                            env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=False)
+    assert loaded.returncode == 0, loaded.stderr

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 from itertools import chain
-from typing import Any
 
 from django.db import connections
 
@@ -30,7 +29,7 @@ from ..timers.members import now_score
 from ..timers.outcome import Report
 from ..timers.pausing import paused_names
 from ..timers.registry import NOTICES, registry
-from ..timers.syncing import _sync
+from ..timers.syncing import tells_redis
 
 # Passes at most: each acts on what the one before made due (a close's notices); a held order is
 # due at every pass and acted on at none, so a pass that acts on nothing ends the run.
@@ -111,18 +110,14 @@ def tell_redis_now() -> int:
     for connection in connections.all(initialized_only=True):
         if not connection.in_atomic_block:
             continue
-        ours = [entry for entry in connection.run_on_commit if _tells_redis(entry[1])]
+        ours = [entry for entry in connection.run_on_commit if tells_redis(entry[1])]
         if not ours:
             continue
-        connection.run_on_commit = [entry for entry in connection.run_on_commit if not _tells_redis(entry[1])]
+        connection.run_on_commit = [entry for entry in connection.run_on_commit if not tells_redis(entry[1])]
         for entry in ours:
             entry[1]()
             told += 1
     return told
-
-
-def _tells_redis(callback: Any) -> bool:
-    return isinstance(callback, partial) and callback.func is _sync
 
 
 # -- without Redis: what is due, from the rows ----------------------------------------------------

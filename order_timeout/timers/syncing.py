@@ -89,6 +89,12 @@ def _sync(change: _Change) -> None:
         row._queue_state = state
 
 
+def tells_redis(callback: Any) -> bool:
+    """Whether an on-commit ``callback`` is one of this module's: what a commit tells Redis (the
+    testing kit tells it inside a test's transaction, which never commits)."""
+    return isinstance(callback, partial) and callback.func is _sync
+
+
 def follow(kinds: Sequence[Follows], rows: Iterable[Any], *, remember: bool = False) -> None:
     """Make each kind's queue follow these rows once the transaction commits.
 
