@@ -33,7 +33,7 @@ from .db.locks import validate_conditions
 from .db.schema import named, unapplied_migrations
 from .exceptions import QueueUnavailable
 from .models import DeadLetter, TimeoutOrderMixin
-from .queue import SLICE, Claim, Lanes, TimeoutQueue
+from .queue import HELD, SLICE, Claim, Lanes, TimeoutQueue
 from .queue.lanes import ShardRota
 from .queue.shards import Shard
 from .queue.wakeups import WakeListener
@@ -95,12 +95,50 @@ class Totals:
 
 
 @dataclass
-class _Unacked:
-    """A committed batch's done members, to ack on ``shard`` under the claim's ``token``."""
+class _Carried:
+    """What a committed batch leaves for the next claim of its ``shard``, under its claim's ``token``:
+    its done members to ack, its held members to put back (their next looks, found held at
+    ``held_since``)."""
 
     shard: Shard
     token: str
-    members: list[str]
+    members: list[str] = field(default_factory=list)
+    next_looks: dict[str, int] = field(default_factory=dict)
+    held_since: int = 0
+
+    def told(self) -> None:
+        """Tell Redis now, each by a call of its own (a sleep, a stop, another shard)."""
+        if self.members:
+            self.shard.forget(self.token, self.members)
+        if self.next_looks:
+            self.shard.reschedule(self.token, self.next_looks, HELD, self.held_since)
+
+
+class _CarriedToNextClaim:
+    """The lifecycle's settler for one claim: what fits a claim is kept for the next claim of its
+    shard (``Consumer._carried``); more than that is told at once, in slices."""
+
+    def __init__(self, consumer: Consumer, shard: Shard, token: str) -> None:
+        self.consumer, self.shard, self.token = consumer, shard, token
+
+    def _carried(self) -> _Carried:
+        carried = self.consumer._carried
+        if carried is None or carried.token != self.token:
+            carried = self.consumer._carried = _Carried(self.shard, self.token)
+        return carried
+
+    def ack(self, token: str, members: list[str]) -> None:
+        if len(members) > SLICE:
+            self.shard.forget(token, members)
+        else:
+            self._carried().members = members
+
+    def hold(self, token: str, next_looks: dict[str, int], since_ms: int) -> None:
+        if len(next_looks) > SLICE:
+            self.shard.reschedule(token, next_looks, HELD, since_ms)
+        else:
+            carried = self._carried()
+            carried.next_looks, carried.held_since = next_looks, since_ms
 
 
 @dataclass
@@ -237,9 +275,10 @@ class Consumer:
         self._took_over = False
         # False in --once: no kind's due members wait to gather.
         self._lets_gather = True
-        # The last batch's done members, committed and not acked yet: they go with the next claim
-        # of their shard, or at once before anything else (a sleep, a stop, another shard).
-        self._unacked: _Unacked | None = None
+        # The last batch's done members, committed and not acked yet, and its held members, not put
+        # back yet: they go with the next claim of their shard, or at once before anything else (a
+        # sleep, a stop, another shard).
+        self._carried: _Carried | None = None
         # Set by a heartbeat that found a shard without its epoch marker: Redis lost the queue.
         self._epoch_missing = threading.Event()
         self.recovery = QueueRecovery(self.queue, self.queues, self.kinds)
@@ -282,16 +321,17 @@ class Consumer:
             self.flush_acks()
             return Claim(members=[], next_score=self.rota.earliest())
         shard = self.lanes.shards[lane]
-        unacked = self._unacked
-        if unacked is not None and unacked.shard is not shard:
+        carried = self._carried
+        if carried is not None and carried.shard is not shard:
             self.flush_acks()
-            unacked = None
+            carried = None
         asked = self.rota.wakes()
         limit = self.sizes.limit(lane)
         claim = shard.claim(due_ms, limit, now_score(now) + self.lease_ms, next(self._claims),
                             due_first=self._took_over,
-                            ack=(unacked.token, unacked.members) if unacked is not None else None)
-        self._unacked = None
+                            ack=(carried.token, carried.members) if carried is not None else None,
+                            held=(carried.held_since, carried.next_looks) if carried and carried.next_looks else None)
+        self._carried = None
         self._took_over = claim.takeovers > 0
         self._claimed_lane = lane
         # A gathering kind waits before its next claim (ShardRota), but not in --once: what is due
@@ -313,7 +353,8 @@ class Consumer:
         the next claims by the report's timing."""
         kind, queue = self.kind_of(claim)
         try:
-            report = self.lifecycle.process(kind, queue, claim, now, ack=self._ack_later(queue, claim))
+            report = self.lifecycle.process(kind, queue, claim, now,
+                                            settler=_CarriedToNextClaim(self, queue.shards[claim.shard], claim.token))
         except DatabaseError:
             self._release(kind, queue, claim, now)
             raise
@@ -355,10 +396,11 @@ class Consumer:
             self.flush_acks()
 
     def flush_acks(self) -> None:
-        """Ack the last batch now, if its ack is still waiting for a claim (a sleep, a stop)."""
-        unacked, self._unacked = self._unacked, None
-        if unacked is not None:
-            unacked.shard.forget(unacked.token, unacked.members)
+        """Ack the last batch now (and put its held members back), if that is still waiting for a
+        claim (a sleep, a stop)."""
+        carried, self._carried = self._carried, None
+        if carried is not None:
+            carried.told()
 
     def _ack_before_leaving(self) -> None:
         """The last batch's ack, on the way out; if Redis does not take it, the leases run out (or
@@ -388,19 +430,6 @@ class Consumer:
             return claim
         finally:
             close_old_connections()
-
-    def _ack_later(self, queue: TimeoutQueue, claim: Claim) -> Callable[[str, list[str]], None]:
-        """The lifecycle's ack for ``claim``: kept for the next claim of its shard (its members are
-        all of that shard, and the ack goes where their leases are)."""
-        shard = queue.shards[claim.shard]
-
-        def keep(token: str, members: list[str]) -> None:
-            if len(members) > SLICE:
-                shard.forget(token, members)  # more than one claim carries: at once, in slices
-            else:
-                self._unacked = _Unacked(shard, token, members)
-
-        return keep
 
     @staticmethod
     def _release(kind: Kind, queue: TimeoutQueue, claim: Claim, now: datetime) -> None:

@@ -100,7 +100,7 @@ def test_a_consumer_that_sleeps_has_acked_its_last_batch(queue, make_order, cloc
         wait_for(lambda: state(order) == "closed")
         # Asleep, with nothing due for an hour: nothing of the batch is left leased.
         wait_for(lambda: leased_members(queue) == [])
-        assert worker._unacked is None
+        assert worker._carried is None
 
 
 def test_a_consumer_that_stops_acks_its_last_batch(queue, make_order, clock):

@@ -80,6 +80,13 @@ def escaped(members: Iterable[bytes | str]) -> str:
     return ", ".join(repr(member) for member in members)
 
 
+def _lines(items: Sequence[str]) -> str | None:
+    """``items`` as one argument, each ended by a newline ("" for none); None when one holds a
+    newline itself (a text key may): then it cannot be carried so, and goes on its own."""
+    lines = "\n".join(items) + "\n" if items else ""
+    return lines if lines.count("\n") == len(items) else None
+
+
 def _pairs(deadlines: Mapping[str, int]) -> list[Any]:
     """score1, member1, score2, member2, ... as the scripts take them."""
     args: list[Any] = []
@@ -241,12 +248,16 @@ class Shard:
         return dropped
 
     def claim(self, due_ms: int, limit: int, lease_until_ms: int, token: str, *,
-              due_first: bool = False, ack: tuple[str, Sequence[str]] | None = None) -> Claim:
+              due_first: bool = False, ack: tuple[str, Sequence[str]] | None = None,
+              held: tuple[int, Mapping[str, int]] | None = None) -> Claim:
         """Lease a dead claim's batch (or one member of it), or up to ``limit`` due members.
 
         ``ack``: ``(token, members)`` of an earlier claim of this shard, committed since: acked
         in the same script (as ``forget`` acks them; at most ``SLICE`` members), after a claim of
-        due members, before a takeover or an idle answer.
+        due members, before a takeover or an idle answer. ``held``: ``(since_ms, {member: next
+        look})``, that claim's members a payment in flight holds (at most ``SLICE``): put back
+        to pending in the same script, as ``reschedule(..., mark=HELD)`` would, where that
+        claim's token still holds their lease.
 
         Expired leases go first unless ``due_first``: a consumer alternates, so
         a dead consumer's batch, taken over whole (then member by member if its
@@ -263,15 +274,24 @@ class Shard:
             raise ValueError(f"a claim carries at most {SLICE} members to ack, not {len(acked)}")
         # One argument for the batch, each member ended by a newline; a member that holds one
         # (a text key may) is acked on its own, first.
-        lines = "\n".join(acked) + "\n" if acked else ""
-        if lines.count("\n") != len(acked):
+        lines = _lines(acked)
+        if lines is None:
             self.forget(acked_token, acked)
-            acked_token, lines = "", ""
+            lines = ""
+        held_since, next_looks = held or (None, {})
+        if len(next_looks) > SLICE:
+            raise ValueError(f"a claim carries at most {SLICE} held members, not {len(next_looks)}")
+        held_lines = _lines([str(part) for member, score in next_looks.items() for part in (score, member)])
+        if held_lines is None:
+            self.reschedule(acked_token, next_looks, HELD, held_since)
+            held_lines = ""
         with redis_errors("claim"):
             reply = self.scripts["claim"](
                 keys=[keys.pending, keys.leased, keys.owners, keys.takeovers, keys.attempts, keys.first_failure,
                       keys.busy, keys.held, keys.paused],
-                args=[due_ms, limit, lease_until_ms, token, "due" if due_first else "takeover", acked_token, lines],
+                args=[due_ms, limit, lease_until_ms, token, "due" if due_first else "takeover",
+                      acked_token if lines or held_lines else "", lines,
+                      "" if held_since is None else held_since, held_lines],
             )
         try:
             raw_next, takeovers, raw_members = reply[0], int(reply[1]), list(reply[2:])

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -60,6 +59,29 @@ class Clock(Protocol):
     def learn(self, db_now: datetime | None) -> None: ...
 
 
+class Settler(Protocol):
+    """Where a batch's settled members go once it committed: its done members acked, its held ones
+    put back to look at again. ``AtOnce`` (the default) tells Redis now; the consumer carries both
+    with its next claim of the shard (one round trip a batch, held or not)."""
+
+    def ack(self, token: str, members: list[str]) -> None: ...
+
+    def hold(self, token: str, next_looks: dict[str, int], since_ms: int) -> None: ...
+
+
+class AtOnce:
+    """A batch's ack and held members told to Redis at once, each by a call of its own."""
+
+    def __init__(self, queue: TimeoutQueue) -> None:
+        self.queue = queue
+
+    def ack(self, token: str, members: list[str]) -> None:
+        self.queue.ack(token, members)
+
+    def hold(self, token: str, next_looks: dict[str, int], since_ms: int) -> None:
+        self.queue.reschedule(token, next_looks, mark=HELD, since_ms=since_ms)
+
+
 class Lifecycle:
     """Process one claim of one kind: ``process(kind, queue, claim, now) -> Report``."""
 
@@ -71,11 +93,11 @@ class Lifecycle:
         self.max_takeovers = max_takeovers
 
     def process(self, kind: Kind, queue: TimeoutQueue, claim: Claim, now: datetime, *,
-                ack: Callable[[str, list[str]], Any] | None = None) -> Report:
+                settler: Settler | None = None) -> Report:
         """The life of one claimed batch, in order (docs/design.md, "One batch, one page").
 
-        ``ack(token, members)``: how the batch's done members are acked once it committed (the
-        consumer's: with its next claim); ``queue.ack`` at once by default.
+        ``settler``: where the batch's done and held members go once it committed (the consumer's:
+        with its next claim); told to Redis at once (``AtOnce``) by default.
         """
         # 1. Read the members: each names a key of the kind's rows; what names none is quarantined.
         by_key, malformed = self._read(kind, queue, claim, now)
@@ -92,7 +114,7 @@ class Lifecycle:
         self.clock.learn(outcome.db_now)
         acted_at = self.clock()
         # 4. Settle every member in Redis: ack, reschedule, look again, hand over, retry, give up.
-        self._settle(kind, queue, claim.token, outcome, by_key, now, report, ack or queue.ack)
+        self._settle(kind, queue, claim.token, outcome, by_key, now, report, settler or AtOnce(queue))
         if batch is not None:
             report.timing = Timing(seconds=time.monotonic() - batch.started, given_up=batch.given_up.is_set(),
                                    done=batch.done)
@@ -114,21 +136,22 @@ class Lifecycle:
     # -- settling in Redis ----------------------------------------------------------------------
 
     def _settle(self, kind: Kind, queue: TimeoutQueue, token: str, outcome: Outcome, by_key: dict[Key, str],
-                now: datetime, report: Report, ack: Callable[[str, list[str]], Any]) -> None:
+                now: datetime, report: Report, settler: Settler) -> None:
         now_ms = now_score(now)
         if outcome.missing:
             logger.warning("%s: no %s row for member(s) %r; dropped.", kind.label, kind.model.__name__,
                            [by_key[key] for key in outcome.missing][:20])
         done = [by_key[key] for key in (*outcome.acted, *outcome.settled, *outcome.passed, *outcome.missing)]
         if done:
-            ack(token, done)
+            settler.ack(token, done)
         queue.reschedule(token, {by_key[key]: deadline_score(moment) for key, moment in outcome.not_due.items()})
         # Locked by someone else: look again shortly, not counted as a failure.
         queue.reschedule(token, {by_key[key]: now_ms + BUSY_RETRY_MS for key in outcome.busy},
                          mark=BUSY, since_ms=now_ms)
         # Held (a payment in flight): look again every HOLD_RECHECK, no later than its longest hold.
-        queue.reschedule(token, {by_key[key]: kind.recheck_ms(deadline, now) for key, deadline in outcome.held.items()},
-                         mark=HELD, since_ms=now_ms)
+        if outcome.held:
+            settler.hold(token, {by_key[key]: kind.recheck_ms(deadline, now) for key, deadline in outcome.held.items()},
+                         since_ms=now_ms)
         # Settled by its settled condition, its deadline kept: looked at again, acted on once it is not.
         queue.reschedule(token, {by_key[key]: kind.settled_recheck_ms(now) for key in outcome.kept})
         if outcome.abandoned:

@@ -27,6 +27,12 @@
                      then late), and before the next score is read when nothing is claimed.
   ARGV[7]            the members to ack (at most queue.SLICE), one argument, each ended by a
                      newline (no member holds one): one string to send, not one per member
+  ARGV[8] held since (ms) when the same batch found the members of ARGV[9] held ("" for none)
+  ARGV[9]            that batch's members held by a payment in flight, each with its next look:
+                     "score\nmember\n" for each (at most queue.SLICE), put back to pending as
+                     reschedule.lua puts back a held member, but only where `owners` still names
+                     the carried token (lib/put_back.lua): carried, as the ack is, so a batch
+                     with a hold costs no round trip more than one without
 
   Returns { next, takeovers, member... }:
   - Expired leases (their consumer died, froze or overran) are taken over. The first time a
@@ -47,21 +53,33 @@
 ]]
 --!include forget_members
 --!include owners_as_table
+--!include put_back
 local rcall = redis.call
 local pending, leased, owners, takeovers = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local now, limit, lease_until, token, turn = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
 
--- The ack the call carries (ARGV[6], ARGV[7]).
-local function ack()
-  if not ARGV[7] or ARGV[7] == '' then return end
-  local acked, n = {}, 0
-  for member in string.gmatch(ARGV[7], '([^\n]*)\n') do
+-- A newline-ended list (ARGV[7], ARGV[9]) as a table.
+local function lines(text)
+  local items, n = {}, 0
+  for item in string.gmatch(text, '([^\n]*)\n') do
     n = n + 1
-    acked[n] = member
+    items[n] = item
   end
-  forget_members({ pending = pending, leased = leased, owners = owners, takeovers = takeovers,
-                   attempts = KEYS[5], first_failure = KEYS[6], busy = KEYS[7], held = KEYS[8] },
-                 ARGV[6], acked)
+  return items
+end
+
+-- What the call carries of the last batch: its ack (ARGV[6], ARGV[7]), its held members (ARGV[8],
+-- ARGV[9]).
+local function ack()
+  if ARGV[7] and ARGV[7] ~= '' then
+    forget_members({ pending = pending, leased = leased, owners = owners, takeovers = takeovers,
+                     attempts = KEYS[5], first_failure = KEYS[6], busy = KEYS[7], held = KEYS[8] },
+                   ARGV[6], lines(ARGV[7]))
+  end
+  if ARGV[9] and ARGV[9] ~= '' then
+    put_back({ pending = pending, leased = leased, owners = owners, busy = KEYS[7], held = KEYS[8] },
+             ARGV[6], 'held', ARGV[8], lines(ARGV[9]), 1, true)
+  end
 end
 local now_number = tonumber(now)
 -- unpack() is bounded by Lua's C stack, so large batches go in slices.
@@ -195,6 +213,8 @@ if due and not (expired and turn ~= 'due') then
 end
 ack()
 first_leased = first(leased)
+-- The held members it carried went back to pending: the next score may be theirs.
+if ARGV[9] and ARGV[9] ~= '' then first_pending = first(pending) end
 if first_leased and first_leased[2] <= now_number then return take_over() end
 if due then return claim_due() end
 

@@ -12,37 +12,10 @@
   ARGV[3] since    (ms) when that was found, or ""
   ARGV[4..]        score1, member1, score2, member2, ...
 
-  A member goes back only if this claim still holds its lease: if the order
-  was unscheduled meanwhile (paid), or another claim took the member over,
-  it is not ours to move. LT keeps an earlier score already pending: the shop
-  may have moved the deadline forward after we read the row, and too early
-  costs one extra claim while too late would close the order late.
-  A busy or held member is remembered in `busy` or `held` from the first time
-  it was found so (so a row locked for ever, or a hold, shows up with its age);
-  a put-back for another reason clears that mark.
+  A member goes back only if this claim still holds its lease (lib/put_back.lua), or no claim
+  names it (a lease from before the owners hash).
   Returns the number of members put back.
 ]]
-local rcall = redis.call
-local pending, leased, owners, busy, held = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local token, mark, since = ARGV[1], ARGV[2], ARGV[3]
-local moved = 0
-for i = 4, #ARGV, 2 do
-  local score, member = ARGV[i], ARGV[i + 1]
-  local owner = rcall('HGET', owners, member)
-  if (owner == token or not owner) and rcall('ZREM', leased, member) == 1 then
-    rcall('HDEL', owners, member)
-    rcall('ZADD', pending, 'LT', score, member)
-    if mark == 'busy' then
-      rcall('ZADD', busy, 'NX', since, member)
-    else
-      rcall('ZREM', busy, member)
-    end
-    if mark == 'held' then
-      rcall('ZADD', held, 'NX', since, member)
-    elseif mark == '' then
-      rcall('ZREM', held, member)
-    end
-    moved = moved + 1
-  end
-end
-return moved
+--!include put_back
+return put_back({ pending = KEYS[1], leased = KEYS[2], owners = KEYS[3], busy = KEYS[4], held = KEYS[5] },
+                ARGV[1], ARGV[2], ARGV[3], ARGV, 4, false)

@@ -1,0 +1,94 @@
+"""Round trips to a server, counted on the wire: a loopback proxy in front of it.
+
+    with RoundTrips("127.0.0.1", 3306) as trips:    # a port of its own on 127.0.0.1
+        ... connect to trips.port, work ...
+        trips.count                                 # round trips so far, every connection
+
+A round trip is a request the client sends after the server last answered:
+the client speaking again once it has heard something back. Statements sent
+together before any answer is read (a multi-statement query, a pipeline)
+count once, however many packets carry them; a BEGIN sent on its own before
+its statement counts as its own trip. The same count for any protocol
+(MariaDB's, PostgreSQL's, Redis's), without a hook in any driver. For tests
+and the benchmark's counts only: the proxy adds a hop to every trip.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from types import TracebackType
+
+BUFFER = 1 << 16
+
+
+class RoundTrips:
+    """A proxy from ``127.0.0.1:port`` (a free port) to ``host:port``, counting round trips."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.count = 0
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._sockets: list[socket.socket] = []
+        self._closed = False
+
+    def __enter__(self) -> RoundTrips:
+        threading.Thread(target=self._accept, name="roundtrips-accept", daemon=True).start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.close()
+
+    def reset(self) -> int:
+        """The count so far, and start again from zero."""
+        with self._lock:
+            counted, self.count = self.count, 0
+        return counted
+
+    def close(self) -> None:
+        self._closed = True
+        for sock in [self._listener, *self._sockets]:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _address = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            for sock in (client, server):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sockets += [client, server]
+            # Whether the server spoke since the client last did: then the client's next words
+            # are a new trip. True at first: the client's first request is one (a server that
+            # greets first, as MariaDB's does, sets it again before the client answers).
+            answered = [True]
+            threading.Thread(target=self._pump, args=(client, server, answered, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, answered, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, answered: list[bool], asking: bool) -> None:
+        try:
+            while True:
+                data = source.recv(BUFFER)
+                if not data:
+                    break
+                with self._lock:
+                    if asking and answered[0]:
+                        self.count += 1
+                    answered[0] = not asking
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
