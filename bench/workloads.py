@@ -215,8 +215,7 @@ def timed(system: System, kind: str, offsets: list[float], sizes: Sizes) -> Phas
     polls = 0
     last = start + timedelta(seconds=max(offsets))
     deadline = time.monotonic() + max(0.0, (last - timezone.now()).total_seconds()) + sizes.cap_seconds
-    unpaid = system.model.objects.filter(system.model.unpaid_q(), pk__gte=phase.pk_range[0],
-                                         pk__lte=phase.pk_range[1]).exclude(pk__in=held)
+    unpaid = unpaid_left(system, phase)
     while time.monotonic() < deadline:
         time.sleep(0.25)
         if timezone.now() < last:
@@ -229,7 +228,7 @@ def timed(system: System, kind: str, offsets: list[float], sizes: Sizes) -> Phas
     phase.cpu_s = cpu_seconds(system.pids()) - cpu_before
     phase.db_queries, phase.redis_commands = counters.stop()
     if system.delivers_notices:
-        _await_notices(system, phase, unpaid.model, sizes, cpu_before)
+        _await_notices(system, phase, sizes, cpu_before)
     phase.waited_s = (timezone.now() - start).total_seconds()
     names = script_names()
     scripts = [(entry["start_time"], entry["duration"],
@@ -242,13 +241,23 @@ def timed(system: System, kind: str, offsets: list[float], sizes: Sizes) -> Phas
     return phase
 
 
-def _await_notices(system: System, phase: Phase, model: Any, sizes: Sizes, cpu_before: float) -> None:
+def unpaid_left(system: System, phase: Phase) -> Any:
+    """What the harness polls for until it is gone: the workload's unpaid orders, less those the
+    system holds. The same statement whatever the burst holds (``System.without_held``): it is
+    asked every 0.25 s while the closers run, on the same machine."""
+    low, high = phase.pk_range
+    model = system.model
+    return system.without_held(model.objects.filter(model.unpaid_q(), pk__gte=low, pk__lte=high))
+
+
+def _await_notices(system: System, phase: Phase, sizes: Sizes, cpu_before: float) -> None:
     """After the closes (their counters stopped): wait for their notices, at most ``cap_seconds``
     more, and keep what reached the sink (bench/notices.py)."""
     from . import notices
 
     low, high = phase.pk_range
-    closed = model.objects.filter(pk__gte=low, pk__lte=high).exclude(model.unpaid_q()).exclude(pk__in=phase.held)
+    model = system.model
+    closed = system.without_held(model.objects.filter(pk__gte=low, pk__lte=high).exclude(model.unpaid_q()))
     phase.notices_waited_s = notices.await_deliveries(system.sink, set(closed.values_list("pk", flat=True)), low,
                                                       high, system.notices_pending,
                                                       notices.WAIT_CAPS * sizes.cap_seconds)
