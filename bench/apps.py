@@ -4,7 +4,8 @@ from django.apps import AppConfig
 
 
 class BenchConfig(AppConfig):
-    """Installed only in benchmark processes (BENCH=1): records when each close commits."""
+    """Installed only in benchmark processes (BENCH=1): records when each close commits, and the
+    process's full garbage collections."""
 
     name = "bench"
 
@@ -18,6 +19,10 @@ class BenchConfig(AppConfig):
         else:
             order_expired.connect(recorder.receiver(), dispatch_uid="bench.recorder")
         recorder.dump_at_exit()
+        # Its full garbage collections, and how many fell inside a batch (bench/gc_pauses.py).
+        from . import gc_pauses
+
+        gc_pauses.install()
         if os.environ.get("BENCH_CELERY_NOTICES") == "1":
             # The Celery notices peer (bench/peers/celery_notices.py): the shop's receiver that
             # publishes a webhook task per close from on_commit, after the recorder's.

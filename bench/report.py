@@ -155,6 +155,7 @@ def markdown(data: dict[str, Any]) -> str:
                   "| target | measured | met |", "|---|---|---|"]
         lines += [f"| {target} | {measured} | {'yes' if met else '**no**'} |"
                   for target, measured, met in measured_targets]
+    lines += _gc_lines(data)
     lines += _parts_lines(data)
     lines += _crash_lines(data)
     lines += _slow_receivers_lines(data)
@@ -171,6 +172,35 @@ def _smaller(system: dict[str, Any]) -> str:
         return ""
     return (f" (smaller workloads: steady {sizes['steady_seconds']:g} s, burst {sizes['burst']:,}, "
             f"crash {sizes['crash']:,})")
+
+
+def _gc_lines(data: dict[str, Any]) -> list[str]:
+    """The closers' full garbage collections in each timed workload (bench/gc_pauses.py)."""
+    rows = [(system["label"], [(system.get(kind) or {}).get("gc") for kind in ("steady", "burst")])
+            for system in data["systems"].values()]
+    rows = [(label, counted) for label, counted in rows if any(counted)]
+    if not rows:
+        return []
+    lines = ["", "Full (generation-2) garbage collections in the closers' processes while each workload was timed: "
+                 "how many, how many inside a batch (our consumers only: from the claim that returned members to "
+                 "the batch's settling), the longest pause and all of them together; then the count in each "
+                 "process. A full collection stops its process, and inside a batch it holds the batch's row locks "
+                 "and lease while it runs.", "",
+             "| system | steady | burst |", "|---|---|---|"]
+    lines += [f"| {label} | " + " | ".join(_gc_cell(count) for count in counted) + " |" for label, counted in rows]
+    return lines
+
+
+def _gc_cell(counted: dict[str, Any] | None) -> str:
+    if not counted:
+        return "-"
+    in_batch = "" if counted["in_batch"] is None else f" (in a batch: {counted['in_batch']})"
+    text = f"gen-2 collections: {counted['collections']}{in_batch}"
+    if counted["collections"]:
+        text += f", longest {_num(counted['longest_ms'], 1)} ms, {_num(counted['total_ms'], 1)} ms in all"
+    if len(counted["processes"]) > 1:
+        text += "; by process " + ", ".join(str(process["collections"]) for process in counted["processes"])
+    return text
 
 
 def _parts_lines(data: dict[str, Any]) -> list[str]:

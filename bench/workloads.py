@@ -20,6 +20,7 @@ from order_timeout.queue import TimeoutQueue
 from order_timeout.scheduling import order_saved
 from order_timeout.timers.members import now_score
 
+from . import gc_pauses
 from .broker import broker_backlog, flush_broker
 from .measure import ClientCommands, Counters, process_tree, redis_memory, rss_bytes, summary
 from .ownership import keep_mark
@@ -139,6 +140,9 @@ class Phase:
     notices_pending: int = 0
     notices_waited_s: float = 0.0
     cpu_through_notices_s: float | None = None
+    # Wall times (time.time()) of the counters' start and stop: the closers' garbage collections
+    # that began between them are the workload's (bench/gc_pauses.py).
+    window: tuple[float, float] = (0.0, 0.0)
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -211,6 +215,7 @@ def timed(system: System, kind: str, offsets: list[float], sizes: Sizes) -> Phas
     if wait > 0:
         time.sleep(wait)
     counters = Counters(client).start()
+    window_opened = time.time()
     cpu_before = cpu_seconds(system.pids())
     polls = 0
     last = start + timedelta(seconds=max(offsets))
@@ -227,6 +232,7 @@ def timed(system: System, kind: str, offsets: list[float], sizes: Sizes) -> Phas
     counters.own_queries += polls
     phase.cpu_s = cpu_seconds(system.pids()) - cpu_before
     phase.db_queries, phase.redis_commands = counters.stop()
+    phase.window = (window_opened, time.time())
     if system.delivers_notices:
         _await_notices(system, phase, sizes, cpu_before)
     phase.waited_s = (timezone.now() - start).total_seconds()
@@ -326,6 +332,7 @@ def results(phase: Phase, system: System) -> dict[str, Any]:
         "production_overran_s": phase.production_overran_s,
         "watched_s": phase.waited_s,
         **({"notices": notices} if notices else {}),
+        "gc": gc_pauses.tally(gc_pauses.read(system.record_dir), *phase.window),
     }
 
 
