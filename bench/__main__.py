@@ -42,6 +42,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "right after it, and report new/old ratios.")
     parser.add_argument("--no-parts", action="store_true",
                         help="Skip the per-part cost of a close (bench/parts.py).")
+    parser.add_argument("--parts-rounds", type=int, default=3, metavar="N",
+                        help="Rounds of the parts, the rows alternated in each (after one thrown away): "
+                             "each part is its median over them.")
     parser.add_argument("--burst", type=int, metavar="N",
                         help="Orders in the burst (default 100,000; 1,000 with --quick): a small burst's "
                              "figures differ from a large one's (fixed costs per burst weigh more).")
@@ -271,7 +274,7 @@ def main(argv: list[str]) -> int:
 
         print("parts: where a close's time goes, one consumer in this process ...", flush=True)
         data["parts_orders"] = sizes.parts
-        data["parts"] = parts.measure(sizes.parts)
+        data["parts"] = parts.measure(sizes.parts, args.systems.split(","), args.parts_rounds)
 
     workloads.reset()
     data["elapsed_s"] = round(time.monotonic() - began, 1)

@@ -1,28 +1,34 @@
-"""Where a close's time goes, per order, part by part, and what promise each part buys.
+"""Where a close's time goes, per claimed member, part by part, and what promise each part buys.
 
-One consumer, in this process, closes a burst of due orders (the burst row's
-work, without the second consumer), and each part of the path is timed where
-it runs: the lifecycle's functions and the driver's statements are wrapped,
-and each wrapper counts its own time less that of the wrapped parts inside it
-(exclusive time, so the parts add up to the whole). The floor's three steps
-(``bench/floor.py``: one Lua claim, one UPDATE, one COMMIT per batch) are timed
-the same way on the same rows, so each part reads against what the least
-possible close spends. Wall time per order: a statement's part includes the
-server's work for it. The wrappers themselves cost about 0.2 us per call (a
-call per order for the per-order signal, a few per batch for the rest).
+One consumer, in this process, closes a burst of due orders as a row's
+closers would (the burst row's work, without the second consumer), and each
+part of the path is timed where it runs: the lifecycle's functions and the
+driver's statements are wrapped, and each wrapper counts its own time less
+that of the wrapped parts inside it (exclusive time, so the parts add up to
+the whole). The floor's three steps (``bench/floor.py``: one Lua claim, one
+UPDATE, one COMMIT per batch) are timed the same way on the same rows, so each
+part reads against what the least possible close spends. Wall time per
+claimed member (the floor closes every order it claims): a statement's part
+includes the server's work for it. The wrappers themselves cost about 0.2 us
+per call (a call per order for the per-order signal, a few per batch for the
+rest). The rows run in alternated rounds, and each part is its median
+(``measure``).
 """
 
 from __future__ import annotations
 
+import functools
 import gc
+import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 
 # Each part, and the promise (or the shop's work) it is there for.
@@ -130,132 +136,46 @@ def _due_orders(model: Any, count: int) -> list[Any]:
     return make_orders([timezone.now() - timedelta(seconds=5)] * count, model)
 
 
-def ours(count: int, *, model_label: str = "order_timeout.Order", hold: bool = False,
-         batch_receivers: bool = False, notices: bool = False, per_order: bool = False) -> dict[str, float]:
-    """Microseconds per closed order, by part, for one consumer closing ``count`` due orders.
+def ours(row: str, count: int) -> dict[str, float]:
+    """Microseconds per claimed member, by part, for one consumer closing ``count`` due orders as
+    ``row``'s closers do (bench/shapes.py: its settings and receivers; its held tenth, ``System.hold``).
 
-    ``notices``: the shop's ``orders_expired`` receiver writes a webhook notice per order, as in the
-    ``ours_notices`` row; this consumer serves the close alone, so the parts are the close's (the
-    notices' INSERT is its batch receiver's part), not their delivery."""
-    from django.apps import apps
-    from django.conf import settings
-    from django.test import override_settings
-
-    from order_timeout import schedule
+    Per claimed member: a held order is claimed, locked and read like the others and then not
+    closed, so per closed order the held row's claim, lock and read would be spread over fewer
+    orders than the plain row's. The total per closed order is kept too, as ``total_per_closed``.
+    The notices row's consumer serves the close alone: its parts are the close's (the notices'
+    INSERT is its batch receiver's part), not their delivery."""
     from order_timeout.consumer import Consumer
-    from order_timeout.signals import order_expired, order_keys_expired
-    from order_timeout.timers.registry import ORDER_TIMEOUT
+    from order_timeout.scheduling import order_kinds
 
-    from . import recorder
+    from .shapes import reproduced
+    from .systems import SYSTEMS
     from .workloads import keep_statistics
 
-    model = apps.get_model(model_label)
+    system = SYSTEMS[row](Path())
+    model = system.model
     orders = _due_orders(model, count)
-    held = 0
-    if hold:
-        from testproject.shop.models import OrderPayment
-
-        OrderPayment.objects.bulk_create([OrderPayment(order=order) for order in orders[::10]])
-        held = len(orders[::10])
+    system.hold(orders)
     keep_statistics(model)
-    with transaction.atomic():
-        for start in range(0, len(orders), 5000):
-            schedule(orders[start:start + 5000])
+    system.enqueue(orders)  # as the harness does, before the closers' settings
     # A consumer holds no burst of instances: these would slow every garbage collection of the run.
     del orders
     gc.collect()
-    overrides = {**settings.ORDER_TIMEOUT, "ORDER_MODEL": model_label}
-    if hold:
-        overrides["HOLD_CONDITION"] = "testproject.shop.payments.in_flight"
     parts = Parts()
-    # The benchmark's recorder as the row's closers run it: the batch's keys, or (per_order) an
-    # order_expired receiver per order.
-    signal, record = (order_expired, recorder.on_expired) if per_order else (order_keys_expired,
-                                                                            recorder.on_keys_expired)
-    signal.connect(record, dispatch_uid="bench.parts.recorder")
-    with (override_settings(ORDER_TIMEOUT=overrides), _shop_receivers(batch_receivers), _notices(notices),
-          _connection_kept()):
-        consumer = Consumer(model=model, batch_size=500, kinds=[ORDER_TIMEOUT] if notices else None)
+    with reproduced(type(system)):
+        consumer = Consumer(model=model, batch_size=int(getattr(system, "batch", 500)), kinds=order_kinds())
         consumer.sync_clock()
         with _wrapped(parts):
             began = time.perf_counter()
             # The consumer's loop, as a closer runs it (each batch's ack with the next claim), until
             # nothing is due.
-            consumer.run(once=True)
+            stats = consumer.run(once=True)
             total = time.perf_counter() - began
-    signal.disconnect(dispatch_uid="bench.parts.recorder")
-    recorder._commits.clear()
-    closed = count - held
+    claimed, closed = stats.claimed, stats.closed
     parts.seconds["lifecycle bookkeeping"] += total - sum(parts.seconds.values())
-    return {part: round(1e6 * parts.seconds.get(part, 0.0) / closed, 2) for part in PROMISES} | {
-        "total": round(1e6 * total / closed, 2)}
-
-
-@contextmanager
-def _connection_kept() -> Iterator[None]:
-    """The database connection kept from batch to batch, as the closers keep theirs
-    (``CONN_MAX_AGE=600``, bench/systems.py), not opened again for each."""
-    before = connection.settings_dict["CONN_MAX_AGE"]
-    connection.close()
-    connection.settings_dict["CONN_MAX_AGE"] = 600
-    try:
-        yield
-    finally:
-        connection.close()
-        connection.settings_dict["CONN_MAX_AGE"] = before
-
-
-@contextmanager
-def _shop_receivers(batch: bool) -> Iterator[None]:
-    """The shop model's receivers as its benchmark row runs them (status-change rows, no stock)."""
-    from order_timeout.signals import order_expired, orders_expired
-    from testproject.shop.models import ShopOrder
-    from testproject.shop.receivers import release_stock, write_status_change, write_status_changes
-
-    order_expired.disconnect(release_stock, sender=ShopOrder, dispatch_uid="shop.release_stock")
-    if batch:
-        order_expired.disconnect(write_status_change, sender=ShopOrder, dispatch_uid="shop.write_status_change")
-        orders_expired.connect(write_status_changes, sender=ShopOrder, dispatch_uid="shop.write_status_changes")
-    try:
-        yield
-    finally:
-        orders_expired.disconnect(write_status_changes, sender=ShopOrder, dispatch_uid="shop.write_status_changes")
-        order_expired.connect(write_status_change, sender=ShopOrder, dispatch_uid="shop.write_status_change")
-        order_expired.connect(release_stock, sender=ShopOrder, dispatch_uid="shop.release_stock")
-
-
-@contextmanager
-def _notices(on: bool) -> Iterator[None]:
-    """The ``ours_notices`` row's receiver in this process: the shop's ``notify_expired``, writing the
-    webhook notice alone (SHOP_EMAIL_NOTICES=0), to a handler declared here for the harness's sink."""
-    if not on:
-        yield
-        return
-    import os
-
-    from order_timeout.notices import handlers
-    from order_timeout.notices.ready import webhook
-    from order_timeout.signals import orders_expired
-    from testproject.shop.receivers import notify_expired
-
-    from .notices import HANDLER
-    from .sink import shared
-
-    declared = HANDLER not in handlers.names()
-    if declared:
-        handlers.declare(HANDLER, webhook(shared().url), timeout=5)
-    email, os.environ["SHOP_EMAIL_NOTICES"] = os.environ.get("SHOP_EMAIL_NOTICES"), "0"
-    orders_expired.connect(notify_expired, dispatch_uid="bench.parts.notify_expired")
-    try:
-        yield
-    finally:
-        orders_expired.disconnect(dispatch_uid="bench.parts.notify_expired")
-        if email is None:
-            os.environ.pop("SHOP_EMAIL_NOTICES", None)
-        else:
-            os.environ["SHOP_EMAIL_NOTICES"] = email
-        if declared:
-            handlers.forget(HANDLER)
+    return {part: round(1e6 * parts.seconds.get(part, 0.0) / claimed, 2) for part in PROMISES} | {
+        "total": round(1e6 * total / claimed, 2), "total_per_closed": round(1e6 * total / closed, 2),
+        "claimed": claimed, "closed": closed}
 
 
 def floor(count: int) -> dict[str, float]:
@@ -299,24 +219,34 @@ def floor(count: int) -> dict[str, float]:
         "total": round(1e6 * sum(seconds.values()) / count, 2)}
 
 
-ROWS: dict[str, dict[str, Any]] = {
-    "ours": {},
-    "ours_per_order": {"per_order": True},
-    "ours_held": {"hold": True},
-    "ours_shop_batch": {"model_label": "shop.ShopOrder", "batch_receivers": True},
-    "ours_notices": {"notices": True},
-}
+# The rows whose parts are measured (when the run has them), in the report's order.
+ROWS = ("ours", "ours_per_order", "ours_held", "ours_shop_batch", "ours_notices")
 
 
-def measure(count: int) -> dict[str, dict[str, float]]:
-    """Each row's parts, and the floor's, each run twice (the second figures are kept: the first
-    warms the buffer pool and the interpreter)."""
-    out: dict[str, dict[str, float]] = {}
-    for _ in range(2):
-        out["floor"] = floor(count)
-        for row, options in ROWS.items():
-            out[row] = ours(count, **options)
+def measure(count: int, rows: list[str], rounds: int = 3) -> dict[str, dict[str, float]]:
+    """The floor's parts and each of ``rows``' (``ROWS``), in alternated rounds (floor, A, B, floor,
+    A, B, ...) after one round that is thrown away (it warms the buffer pool and the interpreter):
+    each part's median over the rounds, so a slow moment of the machine lands in one round of every
+    row rather than in every round of one."""
     from .workloads import reset
 
-    reset()
-    return out
+    runs: dict[str, Callable[[], dict[str, float]]] = {"floor": lambda: floor(count)}
+    runs |= {row: functools.partial(ours, row, count) for row in ROWS if row in rows}
+    try:
+        return alternated(runs, rounds)
+    finally:
+        reset()
+
+
+def alternated(runs: dict[str, Callable[[], dict[str, float]]], rounds: int,
+               warm_up: int = 1) -> dict[str, dict[str, float]]:
+    """Each of ``runs`` once a round, in turn, ``warm_up`` + ``rounds`` rounds; of the last
+    ``rounds``, each figure's median, and how many rounds it is the median of."""
+    kept: dict[str, list[dict[str, float]]] = {name: [] for name in runs}
+    for number in range(warm_up + rounds):
+        for name, run in runs.items():
+            figures = run()
+            if number >= warm_up:
+                kept[name].append(figures)
+    return {name: {figure: statistics.median(each[figure] for each in measured) for figure in measured[0]}
+            | {"rounds": len(measured)} for name, measured in kept.items()}

@@ -204,25 +204,34 @@ def _gc_cell(counted: dict[str, Any] | None) -> str:
 
 
 def _parts_lines(data: dict[str, Any]) -> list[str]:
-    """Where a close's time goes (bench/parts.py), per order, by part, with the promise each buys."""
+    """Where a close's time goes (bench/parts.py), per claimed member, by part, with the promise each buys."""
     parts = data.get("parts")
     if not parts:
         return []
-    from .parts import FLOOR_PARTS, PROMISES
+    from .parts import FLOOR_PARTS, PROMISES, ROWS
 
-    rows = [row for row in ("ours", "ours_per_order", "ours_held", "ours_shop_batch", "ours_notices") if row in parts]
+    rows = [row for row in ROWS if row in parts]
     floor = parts.get("floor") or {}
+    rounds = floor.get("rounds")
     lines = ["", f"Where the close's time goes: one consumer in the harness's process closes {data['parts_orders']:,} "
-                 "due orders; each part's own time (wall, the server's work for a statement included), in "
-                 "µs per closed order. The floor's three steps on the same rows: "
+                 "due orders as each row's closers would (bench/shapes.py); each part's own time (wall, the "
+                 "server's work for a statement included), in µs per claimed member: a held member (the held "
+                 "row's tenth) is claimed, locked and read like the others, and not closed. "
+                 + (f"Each figure is its median over {rounds} rounds, the rows alternated in each (each part's "
+                    "median on its own: the parts need not add up to the total). " if rounds else "")
+                 + "The floor's three steps on the same rows (it closes every order it claims): "
                  + ", ".join(f"{part.removeprefix('floor: ')} {_num(floor.get(part), 1)}" for part in FLOOR_PARTS)
                  + f", {_num(floor.get('total'), 1)} µs in all.", "",
              "| part | " + " | ".join(rows) + " | what it buys |", "|---|" + "---|" * len(rows) + "---|"]
     for part, promise in PROMISES.items():
         lines.append(f"| {part} | " + " | ".join(_num(parts[row].get(part), 1) for row in rows) + f" | {promise} |")
-    lines.append("| **total** | " + " | ".join(f"**{_num(parts[row]['total'], 1)}**" for row in rows)
+    lines.append("| **total per claimed member** | " + " | ".join(f"**{_num(parts[row]['total'], 1)}**" for row in rows)
                  + f" | ÷ the floor's {_num(floor.get('total'), 1)}: "
                  + ", ".join(_ratio(parts[row]["total"], floor.get("total")) for row in rows) + " |")
+    lines.append("| total per closed order | " + " | ".join(_num(parts[row].get("total_per_closed"), 1) for row in rows)
+                 + " | the same time over the orders closed: members claimed / closed "
+                 + ", ".join(f"{_num(parts[row].get('claimed'), 0)} / {_num(parts[row].get('closed'), 0)}"
+                             for row in rows) + " |")
     return lines
 
 
