@@ -5,28 +5,37 @@
         trips.count                                 # round trips so far, every connection
 
 A round trip is a request the client sends after the server last answered:
-the client speaking again once it has heard something back. Statements sent
-together before any answer is read (a multi-statement query, a pipeline)
-count once, however many packets carry them; a BEGIN sent on its own before
-its statement counts as its own trip. The same count for any protocol
-(MariaDB's, PostgreSQL's, Redis's), without a hook in any driver. For tests
-and the benchmark's counts only: the proxy adds a hop to every trip.
+the client speaking again once it has heard something back. Each answer is
+held back ``delay`` seconds before the client gets it, so that what a client
+sends without waiting (a pipeline's next statement, after a BEGIN it did not
+wait for) reaches the server before that answer reaches the client, and is
+counted with the trip it rode; only a client that waited for an answer speaks
+after it. Statements sent together (a multi-statement query, a pipeline)
+count once, however many packets carry them; a BEGIN the client waits for
+counts as its own trip. The same count for any protocol (MariaDB's,
+PostgreSQL's, Redis's), without a hook in any driver. For tests and the
+benchmark's counts only: every trip takes ``delay`` longer.
 """
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 from types import TracebackType
 
 BUFFER = 1 << 16
+# How long each answer is held back: far longer than a client takes between two sends it does
+# not wait between, far shorter than anything that times a batch out.
+DELAY = 0.01
 
 
 class RoundTrips:
     """A proxy from ``127.0.0.1:port`` (a free port) to ``host:port``, counting round trips."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, delay: float = DELAY) -> None:
         self.target = (host, port)
+        self.delay = delay
         self.count = 0
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -79,6 +88,8 @@ class RoundTrips:
                 data = source.recv(BUFFER)
                 if not data:
                     break
+                if not asking:
+                    time.sleep(self.delay)
                 with self._lock:
                     if asking and answered[0]:
                         self.count += 1

@@ -53,6 +53,8 @@ class LockedOrders:
     instances: bool = True
     # The names of a tuple's values, when ``rows`` are tuples.
     columns: tuple[str, ...] = ()
+    # The rows of each statement the caller asked along (``lock_orders``'s ``also``), in order.
+    also: list[list[tuple[Any, ...]]] = field(default_factory=list)
 
     def values(self, name: str) -> dict[Any, Any]:
         """Each locked row's value of the column ``name``, by key."""
@@ -63,11 +65,14 @@ class LockedOrders:
 
 
 def lock_orders(manager: Any, pks: Sequence[Any], *, hold: Q | None = None, pending: Q | None = None,
-                settled: Q | None = None, columns: Sequence[str] | None = None) -> LockedOrders:
+                settled: Q | None = None, columns: Sequence[str] | None = None,
+                also: Sequence[Statement] = ()) -> LockedOrders:
     """Lock ``pks``' rows inside the caller's transaction, skipping those locked elsewhere.
 
     ``columns``: read only these (and the key), each row the tuple ``(pk, *columns)``, not every
-    column into the model's instances; for a batch no receiver will see.
+    column into the model's instances; for a batch no receiver will see. ``also``: statements of
+    the caller's for the same keys, run after the conditions (``found.also``): what the judge reads
+    of other tables, read after the lock and in its round trip.
 
     ``hold``, ``pending`` and ``settled`` are each asked of the batch by one more statement of
     the same transaction, run after the locking one, ``filter(condition, pk IN (...))``: one
@@ -81,15 +86,15 @@ def lock_orders(manager: Any, pks: Sequence[Any], *, hold: Q | None = None, pend
     meetings = [_meeting(manager, condition) for _name, condition in conditions]
     if columns is None and _reads_rows_its_own_way(manager):
         found = LockedOrders(rows={order.pk: order for order in _locking(manager, pks)})
-        answers = read_in_turn(meetings, manager.db, pks) if found.rows else [[] for _ in meetings]
+        answers = read_in_turn([*meetings, *also], manager.db, pks) if found.rows else [[] for _ in (*meetings, *also)]
         clocks = [order._timeout_db_now for order in found.rows.values()]
     else:
         instances = columns is None
         names = (tuple(field.attname for field in manager.model._meta.concrete_fields) if columns is None
                  else ("pk", *columns))
         # The conditions are asked only of a batch that locked a row (all of it busy: none).
-        locked, *answers = read_in_turn([_locking_values(manager, names, instances), *meetings], manager.db, pks,
-                                         unless_the_first_finds_none=True)
+        locked, *answers = read_in_turn([_locking_values(manager, names, instances), *meetings, *also], manager.db,
+                                         pks, unless_the_first_finds_none=True)
         found = LockedOrders(rows=_instances(manager, names, locked) if instances else {row[0]: row for row in locked},
                              instances=instances, columns=() if instances else names)
         clocks = [row[-1] for row in locked]
@@ -97,6 +102,7 @@ def lock_orders(manager: Any, pks: Sequence[Any], *, hold: Q | None = None, pend
     if found.db_now is None and found.rows:
         # The first was locked elsewhere or is gone: one more statement, rarely.
         found.db_now = database_now(manager.db)
+    answers, found.also = answers[:len(conditions)], answers[len(conditions):]
     for (name, _condition), rows in zip(conditions, answers, strict=True):
         # A condition over a related table may match a row more than once: a set, of locked rows only.
         setattr(found, name, {row[0] for row in rows if row[0] in found.rows})

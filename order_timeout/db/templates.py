@@ -24,11 +24,14 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings as django_settings
-from django.db import connections
+from django.db import connections, transaction
+
+from .together import read_together
 
 # The marker key: 2**53 + 1, or the largest a smaller integer key can hold (Django leaves a
 # value out of the field's range out of the statement). An int: written as its digits.
@@ -75,15 +78,25 @@ _lock = threading.Lock()
 def read_in_turn(statements: Sequence[Statement], using: str, pks: Sequence[Any], *,
                  unless_the_first_finds_none: bool = False) -> list[list[tuple[Any, ...]]]:
     """Each statement for ``pks``, compiled (``compiled``) and run in the order given, in the caller's
-    transaction; the rows of each, as ``read_rows`` reads them. ``unless_the_first_finds_none``:
-    the rest are not run (and read as empty) when the first found no row."""
+    transaction; the rows of each, as ``read_rows`` reads them.
+
+    Sent in one round trip where the connection can (``together.read_together``): each still runs
+    after the one before it has finished, so a condition read after the locking ``SELECT`` sees
+    every commit made before its rows were locked. Otherwise one trip each, and then
+    ``unless_the_first_finds_none``: the rest are not run (and read as empty) when the first found
+    no row."""
+    built = [compiled(statement.shape, using, statement.build, pks, names_first_key=statement.names_first_key)
+             for statement in statements]
+    # One statement too: on PostgreSQL the transaction's BEGIN goes with it.
+    fetched = read_together(built, prepare=timestamps_read_in_c) if built else None
+    if fetched is not None:
+        return [converted(statement, rows) for statement, rows in zip(built, fetched, strict=True)]
     answers: list[list[tuple[Any, ...]]] = []
-    for statement in statements:
+    for statement in built:
         if unless_the_first_finds_none and answers and not answers[0]:
             answers.append([])
             continue
-        answers.append(read_rows(compiled(statement.shape, using, statement.build, pks,
-                                          names_first_key=statement.names_first_key)))
+        answers.append(read_rows(statement))
     return answers
 
 
@@ -100,9 +113,22 @@ def compiled(shape: Hashable, using: str, build: Callable[[Sequence[Any]], Any],
                 params[template.first_key_at] = pks[0]
             return Compiled(f"{template.before}{', '.join(map(str, pks))}{template.after}", tuple(params),
                             template.converters, connections[using])
-    compiler = build(pks).query.get_compiler(using=using)
-    sql, params = compiler.as_sql()
+    query = build(pks).query
+    with _compiling(using, query):
+        compiler = query.get_compiler(using=using)
+        sql, params = compiler.as_sql()
     return Compiled(sql, tuple(params), _converters(compiler), compiler.connection)
+
+
+def _compiling(using: str, query: Any) -> AbstractContextManager[Any]:
+    """Where a statement is compiled: Django compiles a locking ``SELECT`` only in a transaction, and a
+    two-trip one (two_trips.py) is begun by the query that sends it; so outside one, a locking
+    ``SELECT`` is compiled in an ``atomic`` block of its own (a template once per shape; nothing
+    is sent in it but the block's own statements)."""
+    connection = connections[using]
+    if not query.select_for_update or connection.in_atomic_block or not connection.get_autocommit():
+        return nullcontext()
+    return transaction.atomic(using=using)
 
 
 def _template(shape: Hashable, using: str, build: Callable[[Sequence[Any]], Any],
@@ -113,8 +139,10 @@ def _template(shape: Hashable, using: str, build: Callable[[Sequence[Any]], Any]
             return _templates[shape]
     queryset = build([0])  # unevaluated: its model, for the marker its key can hold
     mark = _mark(queryset.model, connections[using])
-    compiler = build([mark]).query.get_compiler(using=using)
-    sql, params = compiler.as_sql()
+    query = build([mark]).query
+    with _compiling(using, query):
+        compiler = query.get_compiler(using=using)
+        sql, params = compiler.as_sql()
     listed = f"IN ({mark})"
     marks = [at for at, param in enumerate(params) if param == mark]
     template = None
@@ -159,20 +187,24 @@ def read_rows(statement: Compiled) -> list[tuple[Any, ...]]:
     value by value (on MySQL a ``make_aware`` per DATETIME, two a row), where here a column that
     needs converting is converted whole, and most need nothing (an integer key, a status).
     """
-    connection = statement.connection
-    with connection.cursor() as cursor:
-        _timestamps_read_in_c(cursor)
+    with statement.connection.cursor() as cursor:
+        timestamps_read_in_c(cursor)
         cursor.execute(statement.sql, statement.params)
         fetched = cursor.fetchall()
+    return converted(statement, fetched)
+
+
+def converted(statement: Compiled, fetched: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The driver's rows of ``statement``, each column converted as Django would convert it."""
     if fetched and statement.converters:
         columns = list(zip(*fetched, strict=True))
         for at, (functions, expression) in statement.converters.items():
-            columns[at] = _converted(columns[at], functions, expression, connection)
+            columns[at] = _converted(columns[at], functions, expression, statement.connection)
         fetched = list(zip(*columns, strict=True))
     return list(fetched)
 
 
-def _timestamps_read_in_c(cursor: Any) -> None:
+def timestamps_read_in_c(cursor: Any) -> None:
     """On PostgreSQL (psycopg 3), this cursor reads a ``timestamptz`` with psycopg's own loader.
 
     Django's is a subclass of it in Python (to hand back its own time zone object), so psycopg

@@ -35,6 +35,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..db.errors import is_lock_conflict
 from ..db.session import limit_transaction
+from ..db.two_trips import takes_two_trips, two_trips as in_two_trips
 from ..redaction import one_line
 from .outcome import Due, Key, Outcome
 from .receivers import ReceiverFailed, cause
@@ -149,8 +150,10 @@ class _Ladder:
 
     def all_at_once(self, keys: Sequence[Key], refused: Refusals, failure: Exception | None) -> Outcome:
         """The fast path: one transaction, the act on every due key with no savepoint."""
+        # A batch that runs none of the shop's code: BEGIN with its reads, its writes with COMMIT.
+        in_two_trips = self.kind.acts_in_two_trips() and takes_two_trips(self.using)
         try:
-            return self._in_a_transaction(keys, self._act_on_all)
+            return self._in_a_transaction(keys, self._act_on_all, two_trips=in_two_trips)
         except _ActFailed as act_failed:
             raise act_failed.error from act_failed.error.__cause__  # no key to blame: the batch failed as a whole
 
@@ -209,15 +212,17 @@ class _Ladder:
 
     # -- what every way does ----------------------------------------------------------------------
 
-    def _in_a_transaction(self, keys: Sequence[Key], act: Callable[[list[Due], datetime, Outcome], None]) -> Outcome:
-        """One transaction (tried again on a lock conflict): lock the rows, judge each, ``act`` on the due."""
+    def _in_a_transaction(self, keys: Sequence[Key], act: Callable[[list[Due], datetime, Outcome], None], *,
+                          two_trips: bool = False) -> Outcome:
+        """One transaction (tried again on a lock conflict): lock the rows, judge each, ``act`` on the due.
+        ``two_trips``: kept by db/two_trips.py, not by ``atomic`` (the act runs none of the shop's code)."""
         def once() -> Outcome:
             outcome = Outcome()
             if not keys:
                 return outcome
             # The base manager: a shop's default manager may hide rows (soft delete, tenants).
             manager = self.kind.model._base_manager.db_manager(self.using)
-            with transaction.atomic(using=self.using):
+            with in_two_trips(self.using) if two_trips else transaction.atomic(using=self.using):
                 limit_transaction(self.using)  # under transaction pooling only: the limits, for this transaction
                 due = _lock_and_judge(self.kind, keys, manager, outcome)
                 if due:

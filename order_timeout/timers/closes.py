@@ -10,6 +10,7 @@ release (``{prefix}:pending``), its members the plain primary key.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from functools import partial
 from typing import Any
@@ -20,6 +21,8 @@ from django.db.models import Model, Q
 from ..conf import settings
 from ..db.keys import KeysIn
 from ..db.locks import LockedOrders, lock_orders
+from ..db.templates import Statement
+from ..db.two_trips import update
 from ..models import HOLD_EXPIRED_REASON, TIMEOUT_REASON, TimeoutOrderMixin
 from ..ordermodel import get_order_model
 from ..queue.keys import CLOSE
@@ -73,12 +76,13 @@ class OnOrderModel(Kind):
         model = self.model
         return any(getattr(model, name) is not getattr(TimeoutOrderMixin, name, None) for name in _READING_THE_STATUS)
 
-    def lock(self, manager: Any, pks: Any) -> LockedOrders:
-        """The rows, their deadlines and (rows locked as tuples) which are unpaid."""
+    def lock(self, manager: Any, pks: Any, also: Sequence[Statement] = ()) -> LockedOrders:
+        """The rows, their deadlines and (rows locked as tuples) which are unpaid; ``also``, what the
+        judge reads of other tables (``lock_orders``)."""
         model = self.model
         status = model.TIMEOUT_STATUS_FIELD
         locked = lock_orders(manager, pks, hold=self.hold_condition(), settled=self.settled_condition(),
-                             columns=None if self.takes_instances() else (status, "expires_at"))
+                             columns=None if self.takes_instances() else (status, "expires_at"), also=also)
         locked.deadlines = locked.values("expires_at")
         if not locked.instances:
             # As TimeoutOrderMixin.awaits_payment reads it (takes_instances() made sure it is that
@@ -112,6 +116,10 @@ class OrderTimeout(OnOrderModel):
         model = self.model
         return (order_expired.has_listeners(model) or orders_expired.has_listeners(model)
                 or self.reads_its_status_its_own_way())
+
+    def acts_in_two_trips(self) -> bool:
+        """A batch locked as tuples, whose keys nobody asks for: its UPDATEs are all its act."""
+        return not self.takes_instances() and not order_keys_expired.has_listeners(self.model)
 
     def judge(self, keys: Any, locked: LockedOrders, outcome: Outcome) -> list[Due]:
         """The due orders; each instance told its close reason, and a batch locked as tuples
@@ -171,7 +179,8 @@ class OrderTimeout(OnOrderModel):
         kinds_of_close = set(reasons.values())
         for reason in kinds_of_close:
             keys = list(reasons) if len(kinds_of_close) == 1 else [key for key, its in reasons.items() if its == reason]
-            manager.filter(model.unpaid_q(), KeysIn(keys)).update(**model.closing_values(now, reason))
+            # Sent with the COMMIT where the batch takes two round trips, at once otherwise.
+            update(manager.filter(model.unpaid_q(), KeysIn(keys)), model.closing_values(now, reason))
         self._send_keys(model, reasons)
         if progress is not None:
             progress()

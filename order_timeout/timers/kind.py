@@ -216,6 +216,12 @@ class Kind(Declarable):
         return any(getattr(getattr(self, name), "__func__", None) is not getattr(Kind, name)
                    for name in _TAKING_INSTANCES)
 
+    def acts_in_two_trips(self) -> bool:
+        """Whether a batch's act is its statements alone, running none of the shop's code (no
+        receiver, no ``fire``): then its transaction may take two round trips, BEGIN with its
+        reads and its writes with COMMIT (db/two_trips.py). Asked once a batch."""
+        return False
+
     def lock(self, manager: Any, pks: Sequence[Any]) -> LockedOrders:
         """Lock the rows (one SELECT, the database's clock on it), and learn their deadlines."""
         columns: tuple[str, ...] | None = None

@@ -24,6 +24,8 @@ from django.db.models import Model
 from ..conf import settings
 from ..db.locks import LockedOrders
 from ..db.primary import on_primary
+from ..db.templates import Statement
+from ..db.two_trips import insert
 from ..models import Reminder
 from ..queue.keys import REMIND
 from ..reporting import wording as words
@@ -90,8 +92,14 @@ class Reminders(OnOrderModel):
         deadline, and nothing is sent."""
         return deadline_approaching.has_listeners(self.model) or self.reads_its_status_its_own_way()
 
-    def lock(self, manager: Any, pks: Any) -> LockedOrders:
-        return super().lock(manager, list(dict.fromkeys(pks)))
+    def acts_in_two_trips(self) -> bool:
+        """A batch locked as tuples: recording its reminders (one INSERT) is all its act."""
+        return not self.takes_instances()
+
+    def lock(self, manager: Any, pks: Any, also: Sequence[Statement] = ()) -> LockedOrders:
+        """The orders, and (in the same round trip, after the lock) the reminders recorded for them."""
+        pks = list(dict.fromkeys(pks))
+        return super().lock(manager, pks, also=[_recorded(self.model, manager.db), *also])
 
     def judge(self, keys: Sequence[Key], locked: LockedOrders, outcome: Outcome) -> list[Due]:
         """Due: the order is unpaid, its deadline still ahead, the reminder's moment (deadline
@@ -99,9 +107,7 @@ class Reminders(OnOrderModel):
         its moment is due too, to be recorded as passed over. Each due reminder comes with its
         order, or (orders locked as tuples) with its deadline and whether it is held."""
         now = outcome.db_now = locked.db_now
-        recorded = set(Reminder.objects.using(self.using).filter(
-            order_model=self.model._meta.label, order_id__in=[str(pk) for pk in locked.rows],
-            lead_ms__in={lead for _pk, lead in keys}).values_list("order_id", "lead_ms", "deadline"))
+        recorded = set(locked.also[0])
         instances = locked.instances
         due: list[Due] = []
         for key in keys:
@@ -194,10 +200,18 @@ class Reminders(OnOrderModel):
                 if (str(pk), lead, expires_at) not in done}
 
 
+def _recorded(model: Any, using: str) -> Statement:
+    """The reminders recorded for a batch's orders: ``(order_id, lead_ms, deadline)``."""
+    label = model._meta.label
+    return Statement(("recorded reminders", label), lambda pks: Reminder.objects.using(using).filter(
+        order_model=label, order_id__in=[str(pk) for pk in pks]).values_list("order_id", "lead_ms", "deadline"))
+
+
 def _record(model: Any, using: str, reminders: list[tuple[Key, datetime]], now: datetime, *,
             held: set[Key]) -> None:
-    """One INSERT: each reminder done for its deadline (sent, or passed over), whoever looks again."""
-    Reminder.objects.using(using).bulk_create([
+    """One INSERT: each reminder done for its deadline (sent, or passed over), whoever looks again;
+    sent with the COMMIT where the batch takes two round trips."""
+    insert(Reminder, using, [
         Reminder(order_model=model._meta.label, order_id=str(pk), lead_ms=lead, deadline=deadline,
                  outcome=Reminder.Outcome.HELD if (pk, lead) in held else Reminder.Outcome.SENT, at=now)
         for (pk, lead), deadline in reminders])
