@@ -27,6 +27,7 @@ from django.db import DEFAULT_DB_ALIAS, Error as DatabaseError, close_old_connec
 from django.utils import timezone
 
 from .checks import close_field_messages
+from .collector import FullCollections
 from .conf import MAX_BATCH_SIZE, settings
 from .db import datetimes
 from .db.locks import validate_conditions
@@ -204,6 +205,7 @@ class Consumer:
         exit_when_stuck: bool = False,
         kinds: list[Kind] | None = None,
         housekeeping: bool = False,
+        collects_between_batches: bool = False,
     ) -> None:
         # The order close (and its reminders) of ``model`` when it is not ORDER_MODEL.
         self.kinds = registry.kinds_for(model, kinds)
@@ -271,6 +273,8 @@ class Consumer:
         self._wake = threading.Event()
         self._listener: WakeListener | None = None
         self._refreshed_at = time.monotonic()
+        # A process that only consumes (the command's): full collections only between batches.
+        self.collections = FullCollections() if collects_between_batches else None
         # The last claim took a member over: the next lets due members go first.
         self._took_over = False
         # False in --once: no kind's due members wait to gather.
@@ -479,6 +483,8 @@ class Consumer:
                 self.watch.on_session = heartbeat.record_session
             if housekeeper is not None:
                 housekeeper.start()
+            if self.collections is not None:
+                self.collections.start()  # what start-up allocated, its threads included, frozen
             return self._run(once=once)
         except BaseException:
             abandoning = True
@@ -493,6 +499,8 @@ class Consumer:
                 # Left raising (a second signal, a receiver stuck): its claims go to the others now.
                 heartbeat.close(abandon=abandoning)
             guard.close()
+            if self.collections is not None:
+                self.collections.stop()
             self.watch.guard = None
             self.watch.on_session = None
             if self._listener is not None:
@@ -549,6 +557,8 @@ class Consumer:
                 if self._epoch_missing.is_set():
                     self._recover()
                 claim = self._run_once(due_by)
+                if self.collections is not None:
+                    self.collections.between_batches()
             except (QueueUnavailable, DatabaseError) as exc:
                 if once:
                     raise

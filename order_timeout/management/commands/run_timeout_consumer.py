@@ -86,7 +86,9 @@ class Command(BaseCommand):
         try:
             consumer = Consumer(batch_size=options["batch_size"], max_wait=options["max_wait"],
                                 exit_when_stuck=True, metrics=ConsumerMetrics(enabled=serving),
-                                housekeeping=not options["no_housekeeping"])
+                                housekeeping=not options["no_housekeeping"],
+                                # This process does nothing else: the collector's full passes between batches.
+                                collects_between_batches=True)
         except ImproperlyConfigured as exc:
             raise CommandError(f"Refusing to start: {exc}") from exc
         if options["metrics_port"] is not None:
