@@ -45,6 +45,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--parts-rounds", type=int, default=3, metavar="N",
                         help="Rounds of the parts, the rows alternated in each (after one thrown away): "
                              "each part is its median over them.")
+    parser.add_argument("--no-trips", action="store_true",
+                        help="Skip the round trips per batch of each row's shape (bench/trips.py).")
     parser.add_argument("--burst", type=int, metavar="N",
                         help="Orders in the burst (default 100,000; 1,000 with --quick): a small burst's "
                              "figures differ from a large one's (fixed costs per burst weigh more).")
@@ -63,7 +65,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.systems = args.systems or "ours"
         if "ours" not in args.systems.split(","):
             parser.error("--slow-receivers-only runs on our consumers: --systems must name ours")
-        args.no_scale = args.no_parts = True
+        args.no_scale = args.no_parts = args.no_trips = True
     if args.systems is None:
         args.systems = ",".join(name for name, cls in SYSTEMS.items() if not (args.quick and cls.full_only))
     unknown = set(args.systems.split(",")) - set(SYSTEMS)
@@ -275,6 +277,12 @@ def main(argv: list[str]) -> int:
         print("parts: where a close's time goes, one consumer in this process ...", flush=True)
         data["parts_orders"] = sizes.parts
         data["parts"] = parts.measure(sizes.parts, args.systems.split(","), args.parts_rounds)
+
+    if not args.no_trips and "ours" in args.systems.split(","):
+        from . import trips
+
+        print("round trips: each row's batch, one consumer in this process, counted on the wire ...", flush=True)
+        data["trips"] = trips.measure(args.systems.split(","))
 
     workloads.reset()
     data["elapsed_s"] = round(time.monotonic() - began, 1)

@@ -157,6 +157,7 @@ def markdown(data: dict[str, Any]) -> str:
                   for target, measured, met in measured_targets]
     lines += _gc_lines(data)
     lines += _parts_lines(data)
+    lines += _trips_lines(data)
     lines += _crash_lines(data)
     lines += _slow_receivers_lines(data)
     lines += _notices_lines(data)
@@ -233,6 +234,15 @@ def _parts_lines(data: dict[str, Any]) -> list[str]:
                  + ", ".join(f"{_num(parts[row].get('claimed'), 0)} / {_num(parts[row].get('closed'), 0)}"
                              for row in rows) + " |")
     return lines
+
+
+def _trips_lines(data: dict[str, Any]) -> list[str]:
+    """Round trips per batch of each row's shape (bench/trips.py), database / Redis."""
+    if not data.get("trips"):
+        return []
+    from .trips import ABOUT, lines
+
+    return ["", ABOUT, "", *lines(data["trips"])]
 
 
 def _crash_lines(data: dict[str, Any]) -> list[str]:

@@ -36,12 +36,34 @@ def markdown(runs: list[tuple[str, dict[str, Any]]]) -> str:
         for _, data in runs:
             cells += _figures(data["systems"][name], data["systems"].get("floor") or {})
         lines.append(f"| {runs[0][1]['systems'][name]['label']} | " + " | ".join(cells) + " |")
+    lines += _trips_lines(runs)
     lines.append("")
     for db, data in runs:
         m = data["machine"]
         lines.append(f"- {db}: {m.get('database')}, commit {data.get('commit', '?')}, "
                      f"{'quick' if data['quick'] else 'full'} run of {data.get('elapsed_s', 0):.0f} s.")
     return "\n".join(lines) + "\n"
+
+
+def _trips_lines(runs: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The round trips per batch of each row's shape (bench/trips.py), on each database."""
+    from .trips import rows_of
+
+    counted = [(db, rows_of(data.get("trips") or {})) for db, data in runs]
+    names = list(dict.fromkeys(name for _, rows in counted for name in rows))
+    if not names:
+        return []
+    lines = ["", "Round trips per batch (database / Redis), each phase's first batch left out (bench/trips.py):", "",
+             "| row: batches of | " + " | ".join(f"{db}: per batch | {db}: last ack" for db, _ in counted) + " |",
+             "|---|" + "---|---|" * len(counted)]
+    for name in names:
+        cells = []
+        for _, rows in counted:
+            row = rows.get(name)
+            cells += [row["each"] + (f" **{row['error']}**" if row["error"] else ""), row["last_ack"]] if row \
+                else ["-", "-"]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def main(folders: list[str]) -> None:
