@@ -10,12 +10,12 @@ class BenchConfig(AppConfig):
     name = "bench"
 
     def ready(self) -> None:
-        from order_timeout.signals import order_expired, order_keys_expired
+        from order_timeout.signals import order_expired
 
         from . import recorder
 
         if recorder.records_keys():
-            order_keys_expired.connect(recorder.on_keys_expired, dispatch_uid="bench.recorder")
+            recorder.record_from_reports()
         else:
             order_expired.connect(recorder.receiver(), dispatch_uid="bench.recorder")
         recorder.dump_at_exit()

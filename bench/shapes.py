@@ -87,10 +87,9 @@ def _receivers(system: type[System]) -> Iterator[None]:
         signal.receivers.clear()
         signal.sender_receivers_cache.clear()
     env = system.extra_env
-    # The bench app's recorder (bench/apps.py): the batch's keys, or one receiver per order.
-    if system.records_keys:
-        order_keys_expired.connect(recorder.on_keys_expired, dispatch_uid="bench.recorder")
-    else:
+    # The bench app's recorder (bench/apps.py): one receiver per order, or (a row that records the
+    # batch's keys) none: its closers stamp them from the consumer's report, a wrapper not timed here.
+    if not system.records_keys:
         order_expired.connect(recorder.on_expired_at_commit if env.get("BENCH_RECORD_AT_COMMIT") == "1"
                               else recorder.on_expired, dispatch_uid="bench.recorder")
     _connect_shop(env)

@@ -163,3 +163,25 @@ def in_a_transaction() -> bool:
             cursor.execute("SELECT @@in_transaction")
             return bool(cursor.fetchone()[0])
         return connection.connection.info.transaction_status != 0  # psycopg's IDLE
+
+
+def test_a_connection_lost_between_the_two_trips_loses_nothing_and_closes_each_order_once(
+        queue, monkeypatch, caplog):
+    orders = due_orders(Order, 4)
+    real_send_keys = OrderTimeout._send_keys
+    lost = []
+
+    def lose_the_connection_once(model, reasons):
+        if not lost:
+            lost.append(sorted(reasons))
+            connection.connection.close()  # the driver's: the server rolls the transaction back
+        real_send_keys(model, reasons)
+
+    monkeypatch.setattr(OrderTimeout, "_send_keys", staticmethod(lose_the_connection_once))
+    with no_receivers(order_expired, orders_expired):
+        stats = Consumer(kinds=[ORDER_TIMEOUT]).run(once=True)
+
+    assert lost == [sorted(order.pk for order in orders)]
+    assert "Could not roll back a batch's transaction" in caplog.text
+    assert stats.closed == 4 and [state(order) for order in orders] == ["closed"] * 4
+    assert not in_a_transaction()

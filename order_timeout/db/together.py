@@ -21,14 +21,24 @@ its ``BEGIN`` too.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .two_trips import opening
 
-if TYPE_CHECKING:
-    from .templates import Compiled
-
 Rows = list[tuple[Any, ...]]
+
+
+class Compiled(Protocol):
+    """A statement ready to send (templates.Compiled): its SQL, its parameters, its connection."""
+
+    @property
+    def sql(self) -> str: ...
+
+    @property
+    def params(self) -> tuple[Any, ...]: ...
+
+    @property
+    def connection(self) -> Any: ...
 
 
 def read_together(statements: Sequence[Compiled], prepare: Callable[[Any], None]) -> list[Rows] | None:
