@@ -125,6 +125,8 @@ class _CarriedToNextClaim:
     def _carried(self) -> _Carried:
         carried = self.consumer._carried
         if carried is None or carried.token != self.token:
+            if carried is not None:
+                carried.told()  # another batch's, not carried yet (a claim not made by claim()): now
             carried = self.consumer._carried = _Carried(self.shard, self.token)
         return carried
 
