@@ -24,11 +24,11 @@ from order_timeout.signals import order_expired, orders_expired
 from order_timeout.timers.members import now_score
 from testproject.shop.models import OrderPayment, Payment, PaymentState, ShopOrder
 
+from . import test_round_trips as round_trips
 from .conftest import both_models
 from .helpers import count_in, expiries, leased_members, pending_count, score_of, state
 from .holding import row_locked_elsewhere
 from .test_consumer import no_receivers
-from . import test_round_trips as round_trips
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
