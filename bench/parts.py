@@ -86,6 +86,11 @@ class Parts:
 
 
 def _statement_part(sql: str) -> str:
+    """The part a query is: by its first statement past a ``BEGIN`` (a batch's two round trips send
+    ``BEGIN; SELECT ... FOR UPDATE; ...`` and ``UPDATE ...; COMMIT``, db/two_trips.py)."""
+    statements = [statement for statement in sql.split("; ")
+                  if statement.lstrip().split(None, 1)[0].upper() not in ("BEGIN", "START")]
+    sql = statements[0] if statements else sql
     head = sql.lstrip().split(None, 1)[0].upper()
     if head == "SELECT":
         return "locking SELECT (statement)" if "FOR UPDATE" in sql else "conditions (holds, settled)"

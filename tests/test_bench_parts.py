@@ -48,3 +48,13 @@ def test_the_parts_are_measured_for_the_rows_asked_and_the_floor_alone() -> None
     assert set(measured) == {"floor", "ours"}
     assert measured["ours"]["claimed"] == measured["ours"]["closed"] == 30
     assert measured["ours"]["rounds"] == 1
+
+
+def test_a_two_trip_batchs_queries_are_parted_by_their_first_statement_past_the_begin() -> None:
+    from bench.parts import _statement_part
+
+    assert _statement_part("START TRANSACTION; SELECT id FROM o WHERE id IN (1) FOR UPDATE SKIP LOCKED; "
+                           "SELECT id FROM o WHERE id IN (1)") == "locking SELECT (statement)"
+    assert _statement_part('BEGIN; SELECT "id" FROM "o" FOR UPDATE SKIP LOCKED') == "locking SELECT (statement)"
+    assert _statement_part("UPDATE o SET status = 'closed' WHERE id IN (1); COMMIT") == "UPDATE (statement)"
+    assert _statement_part("COMMIT") == "transaction (BEGIN, COMMIT)"
