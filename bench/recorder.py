@@ -13,7 +13,8 @@ other workloads keep the cheap records at exit.
 With BENCH_RECORD_KEYS=1 (our rows but the per-order one) the recorder is no receiver at
 all: ``Consumer.process`` is wrapped, and when a batch of the order close returns (its COMMIT
 behind it) the keys it closed (its report's ``moments.due``) are stamped together, the way the
-floor records its own after its COMMIT. A row with no receiver of its own then builds no
+floor records its own after its COMMIT (the crash workload's closers, BENCH_RECORD_EAGER=1, keep
+an ``order_keys_expired`` receiver: ``on_keys_expired``). A row with no receiver of its own then builds no
 instance, sends no signal and keeps the two-round-trip transaction of a batch that runs none
 of the shop's code (db/two_trips.py), as a shop with no receiver does; an ``order_keys_expired``
 receiver, as before, took it off that path.
@@ -88,6 +89,16 @@ def on_expired_at_commit(sender: Any, order: Any, **kwargs: Any) -> None:
         transaction.on_commit(_open.stamp)  # outside a transaction: runs now, with this order
         return
     _open.pks.append(order.pk)
+
+
+def on_keys_expired(sender: Any, keys: list[Any], **kwargs: Any) -> None:
+    """``order_keys_expired``, in the crash workload's closers (BENCH_RECORD_KEYS=1 and
+    BENCH_RECORD_EAGER=1): the batch's keys stamped at its COMMIT, so that a SIGKILL right after
+    it loses no record; the report, which ``record_from_reports`` stamps from, comes back a moment
+    later. The receiver keeps such a batch in Django's ``atomic``: what the crash workload
+    measures is the recovery, not the close's speed."""
+    pks = list(keys)
+    transaction.on_commit(lambda: stamp(pks))
 
 
 def stamp(pks: list[Any]) -> None:
