@@ -50,8 +50,14 @@ def cycles(receiver):
     gc.callbacks.append(watcher.seen)
     yield watcher
     gc.callbacks.remove(watcher.seen)
-    # What the consumer froze and gave back waits for the next full pass: run it now, so that garbage
-    # the test process holds (a finished thread's database connection) is closed before teardown.
+
+
+@pytest.fixture(autouse=True)
+def full_pass_after():
+    """What a consumer froze and gave back waits for the next full pass, which a test process may not
+    run before its databases are dropped: run it now, so that garbage it holds (a finished thread's
+    database connection) is closed first (seen: PostgreSQL refused to drop a test database)."""
+    yield
     gc.collect()
 
 
