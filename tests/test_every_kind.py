@@ -322,8 +322,10 @@ def test_a_dead_letters_row_is_acted_on_now_from_the_admin(case, dead_letter, ad
 @both_redis
 @every_kind
 def test_after_redis_lost_its_data_the_rebuild_puts_every_row_back_and_they_are_acted_on(case, redis_backend):
-    # Due in a second: ahead of the rebuild, and soon due by the database's clock.
-    rows = case.make(3, at=timezone.now() + timedelta(seconds=1))
+    # Due in three seconds: ahead of the rebuild (a loaded CI machine took over a second to make the
+    # rows, empty the cluster and rebuild, and the rows were overdue by then), and soon due by the
+    # database's clock.
+    rows = case.make(3, at=timezone.now() + timedelta(seconds=3))
     later = case.make(1, at=timezone.now() + timedelta(minutes=10))
     lose_redis_data(case.queue)  # Redis restarted without persistence
 
