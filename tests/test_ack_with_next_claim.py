@@ -138,16 +138,22 @@ def test_a_consumer_that_dies_holding_an_ack_loses_nothing_and_closes_nothing_tw
     assert [expiries(order) for order in orders] == [1, 1]
 
 
-def test_a_stale_ack_in_a_claim_leaves_the_lease_of_the_claim_that_took_its_member_over(queue, make_order):
-    order = make_order(in_seconds=-1)
+def taken_over(queue: TimeoutQueue, order: Any) -> tuple[Any, int]:
+    """``order``'s member claimed by "dead:1", then, its lease run out, taken over by "alive:1": the
+    shard, and the moment (ms) the next claim may be made at."""
     scheduled(queue, [order])
     shard = queue.shards[0]
     now_ms = now_score(order.expires_at) + 1000
     assert shard.claim(now_ms, 1, now_ms, "dead:1").members == [str(order.pk)]
-    # Its lease ran out: another claim took it over.
     assert shard.claim(now_ms + 1, 1, now_ms + 60_000, "alive:1").members == [str(order.pk)]
+    return shard, now_ms + 2
 
-    shard.claim(now_ms + 2, 1, now_ms + 60_000, "dead:2", ack=("dead:1", [str(order.pk)]))
+
+def test_a_stale_ack_in_a_claim_leaves_the_lease_of_the_claim_that_took_its_member_over(queue, make_order):
+    order = make_order(in_seconds=-1)
+    shard, now_ms = taken_over(queue, order)
+
+    shard.claim(now_ms, 1, now_ms + 60_000, "dead:2", ack=("dead:1", [str(order.pk)]))
 
     assert leased_members(queue) == [str(order.pk)]
     assert queue.client.hget(shard.keys.owners, str(order.pk)) == b"alive:1"

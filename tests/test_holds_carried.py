@@ -100,14 +100,9 @@ def test_a_held_members_next_look_is_no_later_than_its_longest_hold(holds, queue
 
 def test_a_carried_held_member_that_another_claim_took_over_stays_in_its_lease(holds, queue, make_order):
     order = make_order(in_seconds=-1)
-    scheduled(queue, [order])
-    shard = queue.shards[0]
-    now_ms = now_score(order.expires_at) + 1000
-    assert shard.claim(now_ms, 1, now_ms, "dead:1").members == [str(order.pk)]
-    # Its lease ran out: another claim took it over.
-    assert shard.claim(now_ms + 1, 1, now_ms + 60_000, "alive:1").members == [str(order.pk)]
+    shard, now_ms = acks.taken_over(queue, order)
 
-    shard.claim(now_ms + 2, 1, now_ms + 60_000, "dead:2", held=(now_ms, {str(order.pk): now_ms + 30_000}))
+    shard.claim(now_ms, 1, now_ms + 60_000, "dead:2", held=(now_ms, {str(order.pk): now_ms + 30_000}))
 
     assert leased_members(queue) == [str(order.pk)] and pending_scores(queue) == {}
     assert queue.client.hget(shard.keys.owners, str(order.pk)) == b"alive:1"

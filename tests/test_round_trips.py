@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connection, transaction
@@ -135,21 +136,36 @@ def test_a_batch_inside_a_callers_transaction_keeps_it(queue):
     assert [state(order) for order in orders] == ["unpaid"] * 3  # rolled back with the caller's
 
 
+def between_the_two_trips_once(monkeypatch, harm) -> list:
+    """``harm()`` once, in the first batch, between its reads and its writes (where the close hands
+    its keys on); the keys that batch held, sorted."""
+    real_send_keys = OrderTimeout._send_keys
+    harmed: list = []
+
+    def once(model, reasons):
+        if not harmed:
+            harmed.append(sorted(reasons))
+            harm()
+        real_send_keys(model, reasons)
+
+    monkeypatch.setattr(OrderTimeout, "_send_keys", staticmethod(once))
+    return harmed
+
+
+def closed_with_no_receiver() -> Any:
+    with no_receivers(order_expired, orders_expired):
+        return Consumer(kinds=[ORDER_TIMEOUT]).run(once=True)
+
+
 def test_a_failure_between_the_two_trips_rolls_back_and_the_batch_is_closed_once_key_by_key(
         queue, monkeypatch):
     orders = due_orders(Order, 4)
-    real_send_keys = OrderTimeout._send_keys
-    failures = []
 
-    def fail_once(model, reasons):
-        if not failures:
-            failures.append(sorted(reasons))
-            raise RuntimeError("a bug between the reads and the writes")
-        real_send_keys(model, reasons)
+    def a_bug() -> None:
+        raise RuntimeError("a bug between the reads and the writes")
 
-    monkeypatch.setattr(OrderTimeout, "_send_keys", staticmethod(fail_once))
-    with no_receivers(order_expired, orders_expired):
-        stats = Consumer(kinds=[ORDER_TIMEOUT]).run(once=True)
+    failures = between_the_two_trips_once(monkeypatch, a_bug)
+    stats = closed_with_no_receiver()
 
     assert failures == [sorted(order.pk for order in orders)]
     assert stats.closed == 4 and [state(order) for order in orders] == ["closed"] * 4
@@ -168,18 +184,9 @@ def in_a_transaction() -> bool:
 def test_a_connection_lost_between_the_two_trips_loses_nothing_and_closes_each_order_once(
         queue, monkeypatch, caplog):
     orders = due_orders(Order, 4)
-    real_send_keys = OrderTimeout._send_keys
-    lost = []
-
-    def lose_the_connection_once(model, reasons):
-        if not lost:
-            lost.append(sorted(reasons))
-            connection.connection.close()  # the driver's: the server rolls the transaction back
-        real_send_keys(model, reasons)
-
-    monkeypatch.setattr(OrderTimeout, "_send_keys", staticmethod(lose_the_connection_once))
-    with no_receivers(order_expired, orders_expired):
-        stats = Consumer(kinds=[ORDER_TIMEOUT]).run(once=True)
+    # The driver's connection closed: the server rolls the transaction back.
+    lost = between_the_two_trips_once(monkeypatch, lambda: connection.connection.close())
+    stats = closed_with_no_receiver()
 
     assert lost == [sorted(order.pk for order in orders)]
     assert "Could not roll back a batch's transaction" in caplog.text
